@@ -1,0 +1,34 @@
+# The two README commands: `make run` (the main job) and `make test` (the test suite).
+# Each sets up everything itself, idempotently: a virtual environment, pinned packages, the build.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+DEPS_STAMP := $(VENV)/.posenc-deps
+
+.PHONY: run test build bench clean
+.DEFAULT_GOAL := test
+
+$(DEPS_STAMP): requirements-dev.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements-dev.txt
+	touch $@
+
+# Builds the wheel (incrementally: scikit-build-core keeps build/<tag>) and installs it, so tests
+# and `posenc` run against the installed package, as users get it.
+build: $(DEPS_STAMP)
+	rm -rf dist
+	$(BIN)/python -m pip wheel -q --no-build-isolation --no-deps -w dist .
+	$(BIN)/python -m pip install -q --no-deps --force-reinstall dist/posenc_native-*.whl
+
+run: build
+	$(BIN)/posenc
+
+test: build
+	$(BIN)/python -m pytest -q tests
+
+bench: build
+	$(BIN)/python benchmarks/bench_cpu.py
+
+clean:
+	rm -rf build dist

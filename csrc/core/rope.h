@@ -1,0 +1,132 @@
+// Rotary position embedding: the problem description and the per-pair math, shared by CPU and CUDA.
+//
+// A rotation pairs element a = x[first(i)] with b = x[second(i)], i = 0 .. rot_dim/2 - 1:
+//   half-split (GPT-NeoX, Llama): first = i,  second = i + rot_dim/2
+//   interleaved (GPT-J, RoFormer): first = 2i, second = 2i + 1
+// and maps (a, b) -> (a*c1 - b*s1, b*c2 + a*s2). From frequencies c1 = c2 = f*cos(t), s1 = s2 =
+// f*sin(t) (t = position * inv_freq[i], f the attention factor); from a given cos/sin table (the
+// transformers convention) c1/s1 are read at first(i) and c2/s2 at second(i). The inverse (the
+// backward) is the transposed matrix: (a*c1 + b*s2, b*c2 - a*s1). Dims past rot_dim pass through.
+#pragma once
+#include "core/angles.h"
+
+namespace posenc {
+
+// One of q or k: where it is read and where it is written, as [batch, seq, heads, head_dim]
+// strides in elements (the last dim is contiguous). In place: src == dst with equal strides.
+struct RopeOperand {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  int64_t heads = 0;
+  int64_t src_stride_b = 0, src_stride_s = 0, src_stride_h = 0;
+  int64_t dst_stride_b = 0, dst_stride_s = 0, dst_stride_h = 0;
+};
+
+struct RopeProblem {
+  RopeOperand q, k;
+  int64_t batch = 1, seq = 0;   // tokens are (b, s); the packed layout is batch 1, seq T
+  int64_t head_dim = 0, rot_dim = 0;
+  bool interleaved = false;
+  bool inverse = false;
+  bool copy_passthrough = false;  // out of place: copy dims past rot_dim
+
+  // Positions: explicit ([S], [B,S] or [T]; stride 0 broadcasts), or from cu_seqlens, or s.
+  const void* positions = nullptr;
+  IndexKind positions_kind = IndexKind::Int64;
+  int64_t pos_stride_b = 0, pos_stride_s = 0;
+  const void* cu_seqlens = nullptr;  // [n_seqs + 1]
+  IndexKind cu_seqlens_kind = IndexKind::Int64;
+  int64_t n_seqs = 0;
+  int64_t offset = 0;
+
+  // Angle source: frequencies (float64, rot_dim/2 of them) ...
+  const double* inv_freq = nullptr;
+  double attention_factor = 1.0;
+  // ... or a cos/sin table in the operand dtype, [rows, rot_dim] with row strides; rows are
+  // (b, s) through cs_stride_b/cs_stride_s, or gathered by position when cs_by_position.
+  const void* cos = nullptr;
+  const void* sin = nullptr;
+  int64_t cs_stride_b = 0, cs_stride_s = 0;
+  bool cs_by_position = false;
+
+  POSENC_HD int64_t pairs() const { return rot_dim / 2; }
+  POSENC_HD int64_t first(int64_t i) const { return interleaved ? 2 * i : i; }
+  POSENC_HD int64_t second(int64_t i) const { return interleaved ? 2 * i + 1 : i + rot_dim / 2; }
+
+  // Position of token (b, s).
+  POSENC_HD int64_t position(int64_t b, int64_t s) const {
+    if (positions) return load_as_int64(positions, positions_kind, b * pos_stride_b + s * pos_stride_s) + offset;
+    if (cu_seqlens) {  // packed: position within its sequence (binary search for the last start <= s)
+      int64_t lo = 0, hi = n_seqs - 1;
+      while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) / 2;
+        if (load_as_int64(cu_seqlens, cu_seqlens_kind, mid) <= s) lo = mid; else hi = mid - 1;
+      }
+      return s - load_as_int64(cu_seqlens, cu_seqlens_kind, lo) + offset;
+    }
+    return s + offset;
+  }
+
+  // Row offset (in elements) of the cos/sin table for token (b, s).
+  POSENC_HD int64_t cos_sin_row(int64_t b, int64_t s) const {
+    if (cs_by_position) return position(b, s) * cs_stride_s;
+    return b * cs_stride_b + s * cs_stride_s;
+  }
+};
+
+// cos/sin factors of pair i for one token (c1, s1 at first(i); c2, s2 at second(i)).
+template <typename M>
+struct PairFactors {
+  M c1, s1, c2, s2;
+};
+
+template <typename M>
+POSENC_HD PairFactors<M> factors_from_frequency(const RopeProblem& p, double position, int64_t i) {
+  M s, c;
+  sincos_of<M>(position * p.inv_freq[i], s, c);
+  const M f = static_cast<M>(p.attention_factor);
+  return {c * f, s * f, c * f, s * f};
+}
+
+template <typename M, typename T>
+POSENC_HD PairFactors<M> factors_from_table(const RopeProblem& p, int64_t row, int64_t i) {
+  const T* cos = static_cast<const T*>(p.cos) + row;
+  const T* sin = static_cast<const T*>(p.sin) + row;
+  const int64_t a = p.first(i), b = p.second(i);
+  return {static_cast<M>(cos[a]), static_cast<M>(sin[a]), static_cast<M>(cos[b]), static_cast<M>(sin[b])};
+}
+
+// Rotate one pair (a, b) in math precision.
+template <typename M>
+POSENC_HD void rotate_pair(M& a, M& b, const PairFactors<M>& f, bool inverse) {
+  const M a0 = a, b0 = b;
+  if (!inverse) {
+    a = a0 * f.c1 - b0 * f.s1;
+    b = b0 * f.c2 + a0 * f.s2;
+  } else {
+    a = a0 * f.c1 + b0 * f.s2;
+    b = b0 * f.c2 - a0 * f.s1;
+  }
+}
+
+}  // namespace posenc
+
+namespace posenc {
+
+// Rotate the rot_dim leading dims of one head row (src may equal dst). The per-pair factors are
+// given as rows c1, s1, c2, s2 of length pairs (c2/s2 may alias c1/s1). Used by the CPU loop; the
+// CUDA kernel maps threads to pairs and calls rotate_pair directly.
+template <bool kInterleaved, bool kInverse, typename T, typename M>
+inline void rotate_row(const T* src, T* dst, int64_t pairs, const M* c1, const M* s1, const M* c2, const M* s2) {
+  const int64_t second = kInterleaved ? 1 : pairs;
+  const int64_t step = kInterleaved ? 2 : 1;
+  for (int64_t i = 0; i < pairs; ++i) {
+    M a = static_cast<M>(src[i * step]);
+    M b = static_cast<M>(src[i * step + second]);
+    rotate_pair<M>(a, b, PairFactors<M>{c1[i], s1[i], c2[i], s2[i]}, kInverse);
+    dst[i * step] = static_cast<T>(a);
+    dst[i * step + second] = static_cast<T>(b);
+  }
+}
+
+}  // namespace posenc

@@ -1,0 +1,107 @@
+// CPU kernels of the RoPE ops: tokens in parallel; per token the cos/sin of every pair is formed
+// once (from inv_freq, or read from the given table) and reused for all q and k heads.
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <cstring>
+#include <vector>
+
+#include "cpu/dispatch.h"
+#include "host/plan.h"
+
+namespace posenc::cpu {
+namespace {
+
+template <bool kInterleaved, bool kInverse, typename T, typename M>
+void rotate_heads(const RopeProblem& p, const RopeOperand& o, int64_t b, int64_t s, const M* c1, const M* s1,
+                  const M* c2, const M* s2) {
+  const T* src = static_cast<const T*>(o.src) + b * o.src_stride_b + s * o.src_stride_s;
+  T* dst = static_cast<T*>(o.dst) + b * o.dst_stride_b + s * o.dst_stride_s;
+  const int64_t pass = p.head_dim - p.rot_dim;
+  for (int64_t h = 0; h < o.heads; ++h) {
+    const T* src_row = src + h * o.src_stride_h;
+    T* dst_row = dst + h * o.dst_stride_h;
+    rotate_row<kInterleaved, kInverse>(src_row, dst_row, p.pairs(), c1, s1, c2, s2);
+    if (p.copy_passthrough && pass > 0) std::memcpy(dst_row + p.rot_dim, src_row + p.rot_dim, pass * sizeof(T));
+  }
+}
+
+template <typename T, bool kInterleaved, bool kInverse>
+void run_typed(const RopeProblem& p) {
+  using M = math_t<T>;
+  const int64_t pairs = p.pairs();
+  const int64_t tokens = p.batch * p.seq;
+  const int64_t per_token = std::max<int64_t>((p.q.heads + p.k.heads) * p.head_dim, 1);
+  const int64_t grain = std::max<int64_t>(1, 32768 / per_token);
+  at::parallel_for(0, tokens, grain, [&](int64_t begin, int64_t end) {
+    // c1, s1 (and c2, s2 for a given table, whose two halves may differ) for the current token.
+    std::vector<M> buf(4 * pairs);
+    M* c1 = buf.data();
+    M* s1 = c1 + pairs;
+    M* c2 = p.inv_freq ? c1 : s1 + pairs;
+    M* s2 = p.inv_freq ? s1 : c2 + pairs;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t b = t / p.seq, s = t % p.seq;
+      if (p.inv_freq) {
+        sincos_row<M>(static_cast<double>(p.position(b, s)), p.inv_freq, pairs, static_cast<M>(p.attention_factor),
+                      s1, c1);
+      } else {
+        const int64_t row = p.cos_sin_row(b, s);
+        for (int64_t i = 0; i < pairs; ++i) {
+          const PairFactors<M> f = factors_from_table<M, T>(p, row, i);
+          c1[i] = f.c1; s1[i] = f.s1; c2[i] = f.c2; s2[i] = f.s2;
+        }
+      }
+      rotate_heads<kInterleaved, kInverse, T>(p, p.q, b, s, c1, s1, c2, s2);
+      rotate_heads<kInterleaved, kInverse, T>(p, p.k, b, s, c1, s1, c2, s2);
+    }
+  });
+}
+
+void run_rope(const RopeProblem& p, at::ScalarType dtype) {
+  dispatch_float_types(dtype, "posenc.rope", [&](auto tag) {
+    using T = decltype(tag);
+    if (p.interleaved) {
+      p.inverse ? run_typed<T, true, true>(p) : run_typed<T, true, false>(p);
+    } else {
+      p.inverse ? run_typed<T, false, true>(p) : run_typed<T, false, false>(p);
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> rope_cpu(const at::Tensor& q, const at::Tensor& k,
+                                            const std::optional<at::Tensor>& positions,
+                                            const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& inv_freq,
+                                            double attention_factor, bool interleaved, c10::string_view layout,
+                                            int64_t offset, bool inverse) {
+  return rope_op(q, k, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, inverse,
+                 run_rope);
+}
+
+void rope_inplace_cpu(const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& positions,
+                      const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& inv_freq, double attention_factor,
+                      bool interleaved, c10::string_view layout, int64_t offset, bool inverse) {
+  rope_inplace_op(q, k, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, inverse,
+                  run_rope);
+}
+
+std::tuple<at::Tensor, at::Tensor> rope_cos_sin_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                                    const at::Tensor& sin, const std::optional<at::Tensor>& positions,
+                                                    c10::string_view layout, bool inverse) {
+  return rope_cos_sin_op(q, k, cos, sin, positions, layout, inverse, run_rope);
+}
+
+void rope_cos_sin_inplace_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+                              const std::optional<at::Tensor>& positions, c10::string_view layout, bool inverse) {
+  rope_cos_sin_inplace_op(q, k, cos, sin, positions, layout, inverse, run_rope);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(posenc, CPU, m) {
+  m.impl("rope", &rope_cpu);
+  m.impl("rope_", &rope_inplace_cpu);
+  m.impl("rope_cos_sin", &rope_cos_sin_cpu);
+  m.impl("rope_cos_sin_", &rope_cos_sin_inplace_cpu);
+}
+
+}  // namespace posenc::cpu

@@ -1,0 +1,88 @@
+// CPU kernels of the sinusoidal ops: rows in parallel; per row one vectorized pass computes the
+// sin/cos of every pair, a second writes them in the requested layout (plus x * x_scale).
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <vector>
+
+#include "cpu/dispatch.h"
+#include "host/plan.h"
+
+namespace posenc::cpu {
+namespace {
+
+// Writes one row: out[first_col(i)] = (x * x_scale) + first[i], out[second_col(i)] = ... + second[i].
+template <bool kInterleaved, bool kAdd, typename T, typename M>
+void emit_row(T* out, const T* x, int64_t x_stride, M x_scale, const M* first, const M* second, int64_t half,
+              int64_t dim) {
+  const int64_t step = kInterleaved ? 2 : 1;
+  const int64_t other = kInterleaved ? 1 : half;
+  for (int64_t i = 0; i < half; ++i) {
+    M a = first[i], b = second[i];
+    if constexpr (kAdd) {
+      a += static_cast<M>(x[(i * step) * x_stride]) * x_scale;
+      b += static_cast<M>(x[(i * step + other) * x_stride]) * x_scale;
+    }
+    out[i * step] = static_cast<T>(a);
+    out[i * step + other] = static_cast<T>(b);
+  }
+  if (dim % 2 == 1) {  // odd dim: the last column carries no encoding
+    out[dim - 1] = kAdd ? static_cast<T>(static_cast<M>(x[(dim - 1) * x_stride]) * x_scale) : static_cast<T>(0);
+  }
+}
+
+template <typename T>
+void run_typed(const SinusoidalProblem& p) {
+  using M = math_t<T>;
+  const SinusoidalParams& prm = p.params;
+  const int64_t half = prm.half, dim = prm.dim;
+  std::vector<double> freq(half);
+  for (int64_t i = 0; i < half; ++i) freq[i] = prm.frequency(i);
+  const int64_t rows = p.batch * p.seq;
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(dim, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    std::vector<M> sin_buf(half), cos_buf(half);
+    const M* first = prm.cos_first ? cos_buf.data() : sin_buf.data();
+    const M* second = prm.cos_first ? sin_buf.data() : cos_buf.data();
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t b = r / p.seq, s = r % p.seq;
+      sincos_row<M>(p.position(b, s), freq.data(), half, M(1), sin_buf.data(), cos_buf.data());
+      T* out = static_cast<T*>(p.out) + b * p.out_stride_b + s * p.out_stride_s;
+      const T* x = p.x ? static_cast<const T*>(p.x) + b * p.x_stride_b + s * p.x_stride_s : nullptr;
+      const M xs = static_cast<M>(p.x_scale);
+      if (prm.interleaved) {
+        if (!x) emit_row<true, false>(out, x, 1, xs, first, second, half, dim);
+        else if (p.x_stride_d == 1) emit_row<true, true>(out, x, 1, xs, first, second, half, dim);
+        else emit_row<true, true>(out, x, p.x_stride_d, xs, first, second, half, dim);
+      } else {
+        if (!x) emit_row<false, false>(out, x, 1, xs, first, second, half, dim);
+        else if (p.x_stride_d == 1) emit_row<false, true>(out, x, 1, xs, first, second, half, dim);
+        else emit_row<false, true>(out, x, p.x_stride_d, xs, first, second, half, dim);
+      }
+    }
+  });
+}
+
+void run_sinusoidal(const SinusoidalProblem& p, at::ScalarType dtype) {
+  dispatch_float_types(dtype, "posenc.sinusoidal", [&](auto tag) { run_typed<decltype(tag)>(p); });
+}
+
+at::Tensor sinusoidal_table_cpu(const at::Tensor& positions, int64_t dim, double base, bool interleaved,
+                                double freq_shift, double angle_scale, bool cos_first, at::ScalarType dtype) {
+  return sinusoidal_table_op(positions, dim, base, interleaved, freq_shift, angle_scale, cos_first, dtype,
+                             run_sinusoidal);
+}
+
+at::Tensor add_sinusoidal_cpu(const at::Tensor& x, const at::Tensor& positions, double x_scale, double base,
+                              bool interleaved, double freq_shift, double angle_scale, bool cos_first) {
+  return add_sinusoidal_op(x, positions, x_scale, base, interleaved, freq_shift, angle_scale, cos_first,
+                           run_sinusoidal);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(posenc, CPU, m) {
+  m.impl("sinusoidal_table", &sinusoidal_table_cpu);
+  m.impl("add_sinusoidal", &add_sinusoidal_cpu);
+}
+
+}  // namespace posenc::cpu

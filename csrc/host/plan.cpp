@@ -1,0 +1,410 @@
+#include "host/plan.h"
+
+#include <ATen/MemoryOverlap.h>
+#include <cmath>
+
+namespace posenc {
+namespace {
+
+bool is_float_dtype(at::ScalarType t) {
+  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;
+}
+
+IndexKind index_kind(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kInt: return IndexKind::Int32;
+    case at::kLong: return IndexKind::Int64;
+    case at::kFloat: return IndexKind::Float32;
+    default: return IndexKind::Float64;
+  }
+}
+
+void check_same_device(const char* op, const at::Tensor& ref, const char* ref_name, const at::Tensor& t,
+                       const char* name) {
+  TORCH_CHECK(t.device() == ref.device(), op, ": ", name, " must be on the same device as ", ref_name, " (",
+              ref.device(), "), got ", t.device());
+}
+
+// Positions for the sinusoidal ops: integer or floating point; other dtypes are read as float64.
+at::Tensor sinusoidal_positions(const char* op, const at::Tensor& positions) {
+  const auto t = positions.scalar_type();
+  if (t == at::kInt || t == at::kLong || t == at::kFloat || t == at::kDouble) return positions;
+  TORCH_CHECK(at::isIntegralType(t, /*includeBool=*/false) || at::isFloatingType(t), op,
+              ": positions must be an integer or floating point tensor, got ", t);
+  return positions.to(at::isFloatingType(t) ? at::kDouble : at::kLong);
+}
+
+SinusoidalParams sinusoidal_params(const char* op, int64_t dim, double base, bool interleaved, double freq_shift,
+                                   double angle_scale, bool cos_first) {
+  TORCH_CHECK(dim >= 2, op, ": dim must be >= 2, got ", dim);
+  TORCH_CHECK(std::isfinite(base) && base > 0.0 && base != 1.0, op, ": base must be a finite number > 0 and != 1, got ",
+              base);
+  const int64_t half = dim / 2;
+  TORCH_CHECK(std::isfinite(freq_shift) && freq_shift < static_cast<double>(half), op,
+              ": freq_shift must be smaller than dim // 2 = ", half, ", got ", freq_shift);
+  TORCH_CHECK(std::isfinite(angle_scale), op, ": angle_scale must be finite, got ", angle_scale);
+  SinusoidalParams p;
+  p.dim = dim;
+  p.half = half;
+  p.log_base = std::log(base);
+  p.freq_denom = static_cast<double>(half) - freq_shift;
+  p.angle_scale = angle_scale;
+  p.interleaved = interleaved;
+  p.cos_first = cos_first;
+  return p;
+}
+
+}  // namespace
+
+at::Tensor sinusoidal_table_op(const at::Tensor& positions_in, int64_t dim, double base, bool interleaved,
+                               double freq_shift, double angle_scale, bool cos_first, at::ScalarType dtype,
+                               SinusoidalRunner run) {
+  constexpr const char* op = "posenc.sinusoidal_table";
+  TORCH_CHECK(positions_in.dim() == 1, op, ": positions must be 1-D [N], got shape ", positions_in.sizes());
+  TORCH_CHECK(is_float_dtype(dtype), op, ": dtype must be float32, float16, bfloat16 or float64, got ", dtype);
+  SinusoidalProblem p;
+  p.params = sinusoidal_params(op, dim, base, interleaved, freq_shift, angle_scale, cos_first);
+  const at::Tensor positions = sinusoidal_positions(op, positions_in);
+  at::Tensor out = at::empty({positions.size(0), dim}, positions.options().dtype(dtype));
+  if (out.numel() == 0) return out;
+  p.batch = 1;
+  p.seq = positions.size(0);
+  p.positions = positions.data_ptr();
+  p.positions_kind = index_kind(positions);
+  p.pos_stride_s = positions.stride(0);
+  p.out = out.data_ptr();
+  p.out_stride_s = out.stride(0);
+  run(p, dtype);
+  return out;
+}
+
+at::Tensor add_sinusoidal_op(const at::Tensor& x, const at::Tensor& positions_in, double x_scale, double base,
+                             bool interleaved, double freq_shift, double angle_scale, bool cos_first,
+                             SinusoidalRunner run) {
+  constexpr const char* op = "posenc.add_sinusoidal";
+  TORCH_CHECK(x.dim() == 2 || x.dim() == 3, op, ": x must be [batch, seq, dim] or [seq, dim], got shape ", x.sizes());
+  TORCH_CHECK(is_float_dtype(x.scalar_type()), op, ": x must be float32, float16, bfloat16 or float64, got ",
+              x.scalar_type());
+  check_same_device(op, x, "x", positions_in, "positions");
+  const int64_t batch = x.dim() == 3 ? x.size(0) : 1;
+  const int64_t seq = x.size(-2);
+  const int64_t dim = x.size(-1);
+  TORCH_CHECK(positions_in.dim() == 1 || (positions_in.dim() == 2 && x.dim() == 3), op,
+              ": positions must be [seq]", x.dim() == 3 ? " or [batch, seq]" : "", ", got shape ", positions_in.sizes());
+  TORCH_CHECK(positions_in.size(-1) == seq, op, ": positions must have seq = ", seq, " entries in its last dim, got shape ",
+              positions_in.sizes());
+  TORCH_CHECK(positions_in.dim() == 1 || positions_in.size(0) == batch || positions_in.size(0) == 1, op,
+              ": positions [batch, seq] must have batch ", batch, " or 1, got shape ", positions_in.sizes());
+  TORCH_CHECK(std::isfinite(x_scale), op, ": x_scale must be finite, got ", x_scale);
+  SinusoidalProblem p;
+  p.params = sinusoidal_params(op, dim, base, interleaved, freq_shift, angle_scale, cos_first);
+  const at::Tensor positions = sinusoidal_positions(op, positions_in);
+  at::Tensor out = at::empty_like(x);
+  if (out.numel() == 0) return out;
+  p.batch = batch;
+  p.seq = seq;
+  p.positions = positions.data_ptr();
+  p.positions_kind = index_kind(positions);
+  p.pos_stride_s = positions.stride(-1);
+  p.pos_stride_b = (positions.dim() == 2 && positions.size(0) == batch) ? positions.stride(0) : 0;
+  p.x = x.data_ptr();
+  p.x_stride_b = x.dim() == 3 ? x.stride(0) : 0;
+  p.x_stride_s = x.stride(-2);
+  p.x_stride_d = x.stride(-1);
+  p.x_scale = x_scale;
+  p.out = out.data_ptr();
+  // empty_like keeps x's strides when x is dense; the kernels need out's last dim contiguous.
+  TORCH_INTERNAL_ASSERT(out.stride(-1) == 1 || dim == 1);
+  p.out_stride_b = out.dim() == 3 ? out.stride(0) : 0;
+  p.out_stride_s = out.stride(-2);
+  run(p, x.scalar_type());
+  return out;
+}
+
+// ------------------------------------------------------------------------------------------------
+// RoPE
+
+namespace {
+
+struct BSHD {
+  int64_t batch, seq, heads, head_dim;
+  int64_t stride_b, stride_s, stride_h;
+};
+
+// Sizes and strides of q or k seen as [batch, seq, heads, head_dim] for the given layout.
+BSHD as_bshd(const char* op, const at::Tensor& t, const char* name, std::string_view layout) {
+  const auto expect_dims = [&](int64_t n, const char* shape) {
+    TORCH_CHECK(t.dim() == n, op, ": ", name, " must be ", shape, " for layout '", std::string(layout), "', got shape ",
+                t.sizes());
+  };
+  BSHD v{};
+  if (layout == "bshd") {
+    expect_dims(4, "[batch, seq, heads, head_dim]");
+    v = {t.size(0), t.size(1), t.size(2), t.size(3), t.stride(0), t.stride(1), t.stride(2)};
+  } else if (layout == "bhsd") {
+    expect_dims(4, "[batch, heads, seq, head_dim]");
+    v = {t.size(0), t.size(2), t.size(1), t.size(3), t.stride(0), t.stride(2), t.stride(1)};
+  } else if (layout == "thd") {
+    expect_dims(3, "[tokens, heads, head_dim]");
+    v = {1, t.size(0), t.size(1), t.size(2), 0, t.stride(0), t.stride(1)};
+  } else {
+    TORCH_CHECK(false, op, ": layout must be 'bshd', 'bhsd' or 'thd', got '", std::string(layout), "'");
+  }
+  TORCH_CHECK(t.stride(-1) == 1 || t.size(-1) <= 1, op, ": ", name,
+              " must have a contiguous last dimension (stride 1), got strides ", t.strides());
+  return v;
+}
+
+void fill_operand(RopeOperand& o, const BSHD& src, const at::Tensor& src_t, const at::Tensor& dst_t,
+                  std::string_view layout, const char* op) {
+  o.src = src_t.data_ptr();
+  o.dst = dst_t.data_ptr();
+  o.heads = src.heads;
+  o.src_stride_b = src.stride_b;
+  o.src_stride_s = src.stride_s;
+  o.src_stride_h = src.stride_h;
+  const BSHD dst = as_bshd(op, dst_t, "output", layout);
+  o.dst_stride_b = dst.stride_b;
+  o.dst_stride_s = dst.stride_s;
+  o.dst_stride_h = dst.stride_h;
+}
+
+// Everything but the angle source and the destination: q/k shapes, positions, cu_seqlens.
+struct RopeInputs {
+  BSHD q, k;
+};
+
+RopeInputs check_qk(const char* op, const at::Tensor& q, const at::Tensor& k, std::string_view layout) {
+  TORCH_CHECK(is_float_dtype(q.scalar_type()), op, ": q must be float32, float16, bfloat16 or float64, got ",
+              q.scalar_type());
+  TORCH_CHECK(k.scalar_type() == q.scalar_type(), op, ": k must have q's dtype (", q.scalar_type(), "), got ",
+              k.scalar_type());
+  check_same_device(op, q, "q", k, "k");
+  RopeInputs in{as_bshd(op, q, "q", layout), as_bshd(op, k, "k", layout)};
+  TORCH_CHECK(in.k.batch == in.q.batch && in.k.seq == in.q.seq && in.k.head_dim == in.q.head_dim, op,
+              ": k must match q in batch, seq and head_dim (it may differ in heads); q ", q.sizes(), ", k ", k.sizes());
+  return in;
+}
+
+void check_positions(const char* op, RopeProblem& p, const at::Tensor& q, const std::optional<at::Tensor>& positions,
+                     const std::optional<at::Tensor>& cu_seqlens, std::string_view layout, int64_t offset) {
+  p.offset = offset;
+  if (positions.has_value()) {
+    const at::Tensor& pos = *positions;
+    check_same_device(op, q, "q", pos, "positions");
+    TORCH_CHECK(pos.scalar_type() == at::kInt || pos.scalar_type() == at::kLong, op,
+                ": positions must be int32 or int64, got ", pos.scalar_type());
+    if (layout == "thd") {
+      TORCH_CHECK(pos.dim() == 1 && pos.size(0) == p.seq, op, ": positions must be [tokens] = [", p.seq,
+                  "] for layout 'thd', got shape ", pos.sizes());
+    } else {
+      const bool ok = (pos.dim() == 1 && pos.size(0) == p.seq) ||
+                      (pos.dim() == 2 && (pos.size(0) == p.batch || pos.size(0) == 1) && pos.size(1) == p.seq);
+      TORCH_CHECK(ok, op, ": positions must be [seq] = [", p.seq, "] or [batch, seq] = [", p.batch, ", ", p.seq,
+                  "], got shape ", pos.sizes());
+    }
+    p.positions = pos.data_ptr();
+    p.positions_kind = index_kind(pos);
+    p.pos_stride_s = pos.stride(-1);
+    p.pos_stride_b = (pos.dim() == 2 && pos.size(0) == p.batch) ? pos.stride(0) : 0;
+  }
+  if (cu_seqlens.has_value()) {
+    const at::Tensor& cu = *cu_seqlens;
+    TORCH_CHECK(layout == "thd", op, ": cu_seqlens is only for layout 'thd', got layout '", std::string(layout), "'");
+    check_same_device(op, q, "q", cu, "cu_seqlens");
+    TORCH_CHECK(cu.scalar_type() == at::kInt || cu.scalar_type() == at::kLong, op,
+                ": cu_seqlens must be int32 or int64, got ", cu.scalar_type());
+    TORCH_CHECK(cu.dim() == 1 && cu.size(0) >= 2, op, ": cu_seqlens must be 1-D with at least 2 entries, got shape ",
+                cu.sizes());
+    // Values are checked on the host (a device-to-host copy for CUDA tensors): a bad table would
+    // silently give wrong positions.
+    const at::Tensor host = cu.to(at::kCPU, at::kLong).contiguous();
+    const int64_t* v = host.data_ptr<int64_t>();
+    const int64_t n = host.size(0);
+    TORCH_CHECK(v[0] == 0, op, ": cu_seqlens must start at 0, got ", v[0]);
+    for (int64_t i = 1; i < n; ++i) {
+      TORCH_CHECK(v[i] >= v[i - 1], op, ": cu_seqlens must be non-decreasing, got ", v[i - 1], " then ", v[i],
+                  " at index ", i);
+    }
+    TORCH_CHECK(v[n - 1] == p.seq, op, ": cu_seqlens must end at the number of tokens ", p.seq, ", got ", v[n - 1]);
+    if (!positions.has_value()) {
+      p.cu_seqlens = cu.data_ptr();
+      p.cu_seqlens_kind = index_kind(cu);
+      p.n_seqs = n - 1;
+    }
+  }
+}
+
+void check_inplace(const char* op, const at::Tensor& q, const at::Tensor& k) {
+  at::assert_no_internal_overlap(q);
+  at::assert_no_internal_overlap(k);
+  if (q.numel() > 0 && k.numel() > 0) {
+    TORCH_CHECK(at::get_overlap_status(q, k) == at::MemOverlapStatus::No, op,
+                ": q and k must not share memory when rotated in place");
+  }
+}
+
+at::Tensor check_inv_freq(const char* op, const at::Tensor& q, const at::Tensor& inv_freq, int64_t head_dim,
+                          double attention_factor) {
+  check_same_device(op, q, "q", inv_freq, "inv_freq");
+  TORCH_CHECK(inv_freq.dim() == 1 && inv_freq.size(0) >= 1, op,
+              ": inv_freq must be 1-D with rotary_dim / 2 >= 1 entries, got shape ", inv_freq.sizes());
+  TORCH_CHECK(inv_freq.scalar_type() == at::kFloat || inv_freq.scalar_type() == at::kDouble, op,
+              ": inv_freq must be float32 or float64, got ", inv_freq.scalar_type());
+  TORCH_CHECK(2 * inv_freq.size(0) <= head_dim, op, ": inv_freq has ", inv_freq.size(0), " frequencies (rotary_dim ",
+              2 * inv_freq.size(0), ") but head_dim is ", head_dim);
+  TORCH_CHECK(std::isfinite(attention_factor), op, ": attention_factor must be finite, got ", attention_factor);
+  return inv_freq.to(at::kDouble).contiguous();
+}
+
+// Builds the frequency-driven problem; dst_q/dst_k are where results go (q/k themselves in place).
+void rope_frequency_problem(const char* op, RopeProblem& p, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& dst_q, const at::Tensor& dst_k, const std::optional<at::Tensor>& positions,
+                            const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& inv_freq64,
+                            double attention_factor, bool interleaved, std::string_view layout, int64_t offset,
+                            bool inverse, const RopeInputs& in) {
+  p.batch = in.q.batch;
+  p.seq = in.q.seq;
+  p.head_dim = in.q.head_dim;
+  p.rot_dim = 2 * inv_freq64.size(0);
+  p.interleaved = interleaved;
+  p.inverse = inverse;
+  p.copy_passthrough = !dst_q.is_same(q) && p.rot_dim < p.head_dim;
+  p.inv_freq = inv_freq64.data_ptr<double>();
+  p.attention_factor = attention_factor;
+  fill_operand(p.q, in.q, q, dst_q, layout, op);
+  fill_operand(p.k, in.k, k, dst_k, layout, op);
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> rope_op(const at::Tensor& q, const at::Tensor& k,
+                                           const std::optional<at::Tensor>& positions,
+                                           const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& inv_freq,
+                                           double attention_factor, bool interleaved, std::string_view layout,
+                                           int64_t offset, bool inverse, RopeRunner run) {
+  constexpr const char* op = "posenc.rope";
+  const RopeInputs in = check_qk(op, q, k, layout);
+  RopeProblem p;
+  p.batch = in.q.batch;
+  p.seq = in.q.seq;
+  check_positions(op, p, q, positions, cu_seqlens, layout, offset);
+  const at::Tensor inv64 = check_inv_freq(op, q, inv_freq, in.q.head_dim, attention_factor);
+  at::Tensor q_out = at::empty_like(q);
+  at::Tensor k_out = at::empty_like(k);
+  rope_frequency_problem(op, p, q, k, q_out, k_out, positions, cu_seqlens, inv64, attention_factor, interleaved, layout,
+                         offset, inverse, in);
+  if (p.batch * p.seq > 0 && p.head_dim > 0) run(p, q.scalar_type());
+  return {q_out, k_out};
+}
+
+void rope_inplace_op(const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& positions,
+                     const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& inv_freq, double attention_factor,
+                     bool interleaved, std::string_view layout, int64_t offset, bool inverse, RopeRunner run) {
+  constexpr const char* op = "posenc.rope_";
+  const RopeInputs in = check_qk(op, q, k, layout);
+  check_inplace(op, q, k);
+  RopeProblem p;
+  p.batch = in.q.batch;
+  p.seq = in.q.seq;
+  check_positions(op, p, q, positions, cu_seqlens, layout, offset);
+  const at::Tensor inv64 = check_inv_freq(op, q, inv_freq, in.q.head_dim, attention_factor);
+  rope_frequency_problem(op, p, q, k, q, k, positions, cu_seqlens, inv64, attention_factor, interleaved, layout, offset,
+                         inverse, in);
+  if (p.batch * p.seq > 0 && p.head_dim > 0) run(p, q.scalar_type());
+}
+
+namespace {
+
+// cos/sin given as [S, R], [B or 1, S, R], or (with positions) [rows, R] gathered by position.
+// Returns the tables in q's dtype (a no-op when they already are).
+std::pair<at::Tensor, at::Tensor> cos_sin_problem(const char* op, RopeProblem& p, const at::Tensor& q,
+                                                  const at::Tensor& cos_in, const at::Tensor& sin_in,
+                                                  const std::optional<at::Tensor>& positions, std::string_view layout,
+                                                  const RopeInputs& in) {
+  check_same_device(op, q, "q", cos_in, "cos");
+  check_same_device(op, q, "q", sin_in, "sin");
+  TORCH_CHECK(cos_in.sizes() == sin_in.sizes(), op, ": cos and sin must have the same shape, got ", cos_in.sizes(),
+              " and ", sin_in.sizes());
+  TORCH_CHECK(is_float_dtype(cos_in.scalar_type()) && is_float_dtype(sin_in.scalar_type()), op,
+              ": cos and sin must be floating point, got ", cos_in.scalar_type(), " and ", sin_in.scalar_type());
+  const int64_t rot = cos_in.size(-1);
+  TORCH_CHECK(cos_in.dim() >= 2 && cos_in.dim() <= 3, op, ": cos must be [seq, rotary_dim] or [batch, seq, rotary_dim]",
+              ", got shape ", cos_in.sizes());
+  TORCH_CHECK(rot >= 2 && rot % 2 == 0 && rot <= in.q.head_dim, op, ": cos/sin last dim is the rotary dim; it must be even",
+              " and in [2, head_dim = ", in.q.head_dim, "], got ", rot);
+  at::Tensor cos = cos_in.scalar_type() == q.scalar_type() ? cos_in : cos_in.to(q.scalar_type());
+  at::Tensor sin = sin_in.scalar_type() == q.scalar_type() ? sin_in : sin_in.to(q.scalar_type());
+  if (cos.stride(-1) != 1) cos = cos.contiguous();
+  if (sin.stride(-1) != 1) sin = sin.contiguous();
+  TORCH_CHECK(cos.strides() == sin.strides(), op, ": cos and sin must have the same strides, got ", cos.strides(),
+              " and ", sin.strides());
+  p.rot_dim = rot;
+  p.cos = cos.data_ptr();
+  p.sin = sin.data_ptr();
+  if (positions.has_value()) {
+    TORCH_CHECK(cos.dim() == 2, op, ": with positions, cos and sin must be tables [max_positions, rotary_dim], got shape ",
+                cos.sizes());
+    check_positions(op, p, q, positions, std::nullopt, layout, 0);
+    // Gathered rows must exist: check the range on the host.
+    const at::Tensor pos = *positions;
+    if (pos.numel() > 0) {
+      const int64_t lo = pos.min().item<int64_t>(), hi = pos.max().item<int64_t>();
+      TORCH_CHECK(lo >= 0 && hi < cos.size(0), op, ": positions must be in [0, ", cos.size(0), ") to index cos/sin, got [",
+                  lo, ", ", hi, "]");
+    }
+    p.cs_by_position = true;
+    p.cs_stride_s = cos.stride(0);
+  } else if (cos.dim() == 2) {
+    TORCH_CHECK(cos.size(0) == in.q.seq, op, ": cos must have seq = ", in.q.seq, " rows, got shape ", cos.sizes());
+    p.cs_stride_b = 0;
+    p.cs_stride_s = cos.stride(0);
+  } else {
+    TORCH_CHECK((cos.size(0) == in.q.batch || cos.size(0) == 1) && cos.size(1) == in.q.seq, op,
+                ": cos must be [batch = ", in.q.batch, " or 1, seq = ", in.q.seq, ", rotary_dim], got shape ", cos.sizes());
+    p.cs_stride_b = cos.size(0) == 1 ? 0 : cos.stride(0);
+    p.cs_stride_s = cos.stride(1);
+  }
+  return {cos, sin};
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> rope_cos_sin_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                                   const at::Tensor& sin, const std::optional<at::Tensor>& positions,
+                                                   std::string_view layout, bool inverse, RopeRunner run) {
+  constexpr const char* op = "posenc.rope_cos_sin";
+  const RopeInputs in = check_qk(op, q, k, layout);
+  RopeProblem p;
+  p.batch = in.q.batch;
+  p.seq = in.q.seq;
+  p.head_dim = in.q.head_dim;
+  const auto tables = cos_sin_problem(op, p, q, cos, sin, positions, layout, in);
+  at::Tensor q_out = at::empty_like(q);
+  at::Tensor k_out = at::empty_like(k);
+  p.inverse = inverse;
+  p.copy_passthrough = p.rot_dim < p.head_dim;
+  fill_operand(p.q, in.q, q, q_out, layout, op);
+  fill_operand(p.k, in.k, k, k_out, layout, op);
+  if (p.batch * p.seq > 0) run(p, q.scalar_type());
+  return {q_out, k_out};
+}
+
+void rope_cos_sin_inplace_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+                             const std::optional<at::Tensor>& positions, std::string_view layout, bool inverse,
+                             RopeRunner run) {
+  constexpr const char* op = "posenc.rope_cos_sin_";
+  const RopeInputs in = check_qk(op, q, k, layout);
+  check_inplace(op, q, k);
+  RopeProblem p;
+  p.batch = in.q.batch;
+  p.seq = in.q.seq;
+  p.head_dim = in.q.head_dim;
+  const auto tables = cos_sin_problem(op, p, q, cos, sin, positions, layout, in);
+  p.inverse = inverse;
+  fill_operand(p.q, in.q, q, q, layout, op);
+  fill_operand(p.k, in.k, k, k, layout, op);
+  if (p.batch * p.seq > 0) run(p, q.scalar_type());
+}
+
+}  // namespace posenc

@@ -1,0 +1,42 @@
+// Host side of every op, shared by the CPU and CUDA backends: validate the arguments (before any
+// memory is touched, with messages that name the argument), allocate outputs, and describe the work
+// as a plain problem struct (csrc/core) that a backend's runner executes.
+#pragma once
+#include <ATen/ATen.h>
+#include <string_view>
+#include "core/rope.h"
+#include "core/sinusoidal.h"
+
+namespace posenc {
+
+using SinusoidalRunner = void (*)(const SinusoidalProblem&, at::ScalarType);
+using RopeRunner = void (*)(const RopeProblem&, at::ScalarType);
+
+at::Tensor sinusoidal_table_op(const at::Tensor& positions, int64_t dim, double base, bool interleaved,
+                               double freq_shift, double angle_scale, bool cos_first, at::ScalarType dtype,
+                               SinusoidalRunner run);
+
+at::Tensor add_sinusoidal_op(const at::Tensor& x, const at::Tensor& positions, double x_scale, double base,
+                             bool interleaved, double freq_shift, double angle_scale, bool cos_first,
+                             SinusoidalRunner run);
+
+// Rotation from frequencies. Out of place returns (q_out, k_out); in place rewrites q and k.
+std::tuple<at::Tensor, at::Tensor> rope_op(const at::Tensor& q, const at::Tensor& k,
+                                           const std::optional<at::Tensor>& positions,
+                                           const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& inv_freq,
+                                           double attention_factor, bool interleaved, std::string_view layout,
+                                           int64_t offset, bool inverse, RopeRunner run);
+void rope_inplace_op(const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& positions,
+                     const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& inv_freq,
+                     double attention_factor, bool interleaved, std::string_view layout, int64_t offset,
+                     bool inverse, RopeRunner run);
+
+// Rotation from a given cos/sin table (transformers' apply_rotary_pos_emb convention, half-split).
+std::tuple<at::Tensor, at::Tensor> rope_cos_sin_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                                   const at::Tensor& sin, const std::optional<at::Tensor>& positions,
+                                                   std::string_view layout, bool inverse, RopeRunner run);
+void rope_cos_sin_inplace_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+                             const std::optional<at::Tensor>& positions, std::string_view layout, bool inverse,
+                             RopeRunner run);
+
+}  // namespace posenc

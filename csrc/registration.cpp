@@ -1,0 +1,33 @@
+// Every schema of the posenc library, in one place. Kernels register in csrc/cpu and csrc/cuda;
+// fake (meta) kernels and autograd are registered from Python (posenc_native/ops.py).
+#include <torch/library.h>
+
+#include "posenc/posenc.h"
+
+TORCH_LIBRARY(posenc, m) {
+  // Lets torch import the Python module that holds the fake kernels when they are needed.
+  m.set_python_module("posenc_native.ops");
+  const std::vector<at::Tag> tags{at::Tag::pt2_compliant_tag};
+
+  m.def("build_info() -> str", &posenc::build_info_json);
+
+  // Sinusoidal tables: positions [N] (integer or float) -> [N, dim].
+  m.def("sinusoidal_table(Tensor positions, int dim, float base, bool interleaved, float freq_shift, "
+        "float angle_scale, bool cos_first, ScalarType dtype) -> Tensor", tags);
+  // x * x_scale + PE[positions]; x [B, S, D] or [S, D], positions [S] or [B, S].
+  m.def("add_sinusoidal(Tensor x, Tensor positions, float x_scale, float base, bool interleaved, "
+        "float freq_shift, float angle_scale, bool cos_first) -> Tensor", tags);
+
+  // RoPE with angles from inv_freq (rotary_dim = 2 * len(inv_freq)); k may have zero heads.
+  // layout: 'bshd', 'bhsd' or 'thd'. inverse applies the transposed rotation (the backward).
+  m.def("rope(Tensor q, Tensor k, Tensor? positions, Tensor? cu_seqlens, Tensor inv_freq, "
+        "float attention_factor, bool interleaved, str layout, int offset, bool inverse) -> (Tensor, Tensor)", tags);
+  m.def("rope_(Tensor(a!) q, Tensor(b!) k, Tensor? positions, Tensor? cu_seqlens, Tensor inv_freq, "
+        "float attention_factor, bool interleaved, str layout, int offset, bool inverse) -> ()", tags);
+
+  // RoPE with a given cos/sin table (transformers' convention; half-split pairs).
+  m.def("rope_cos_sin(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor? positions, str layout, "
+        "bool inverse) -> (Tensor, Tensor)", tags);
+  m.def("rope_cos_sin_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, Tensor? positions, str layout, "
+        "bool inverse) -> ()", tags);
+}

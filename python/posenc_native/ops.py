@@ -1,0 +1,278 @@
+"""Python API over torch.ops.posenc: argument handling, fake (meta) kernels and autograd.
+
+The kernels live in the compiled library (csrc/); this module only turns friendly arguments into
+the op schemas of csrc/registration.cpp and teaches torch.compile/export and autograd about them.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional, Sequence, Union
+
+import torch
+
+from ._library import load_library
+
+load_library()
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .config import RopeConfig
+
+Positions = Union[int, torch.Tensor, Sequence[int]]
+_LAYOUTS = ("bshd", "bhsd", "thd")
+
+__all__ = [
+    "sinusoidal_table",
+    "add_sinusoidal",
+    "apply_rope",
+    "apply_rope_",
+    "apply_rotary_pos_emb",
+]
+
+# --------------------------------------------------------------------------------------------
+# Sinusoidal
+
+
+def _positions_tensor(positions: Positions, device) -> torch.Tensor:
+    if isinstance(positions, bool):
+        raise TypeError("positions must be an int length or a 1-D tensor of positions, got bool")
+    if isinstance(positions, int):
+        if positions < 0:
+            raise ValueError(f"positions must be a length >= 0, got {positions}")
+        return torch.arange(positions, device=device)
+    if not isinstance(positions, torch.Tensor):
+        positions = torch.as_tensor(positions)
+    return positions if device is None else positions.to(device)
+
+
+def sinusoidal_table(positions: Positions, dim: int, *, base: float = 10000.0, interleaved: bool = True,
+                     freq_shift: float = 0.0, angle_scale: float = 1.0, cos_first: bool = False,
+                     dtype: torch.dtype = torch.float32, device: Optional[torch.device | str] = None) -> torch.Tensor:
+    """Sinusoidal position encodings, ``[N, dim]``.
+
+    Args:
+        positions: an int ``L`` (positions ``0..L-1``) or a 1-D tensor of integer or float positions
+            (diffusion timesteps may be fractional).
+        dim: number of columns. Odd ``dim`` leaves the last column zero.
+        base: frequencies are ``base ** (-i / (dim // 2 - freq_shift))``.
+        interleaved: ``sin, cos`` alternating per pair (the paper's layout); else ``[sin | cos]``.
+        freq_shift: 0 for the transformer form, 1 for the common diffusion-timestep form.
+        angle_scale: multiplies every angle (``scale`` in diffusion code).
+        cos_first: put cos before sin (in each pair, or ``[cos | sin]``).
+        dtype: float32, float16, bfloat16 or float64 output.
+        device: where to build the table (default: the positions' device, or CPU for an int).
+    """
+    pos = _positions_tensor(positions, device)
+    return torch.ops.posenc.sinusoidal_table(pos, int(dim), float(base), bool(interleaved), float(freq_shift),
+                                             float(angle_scale), bool(cos_first), dtype)
+
+
+def add_sinusoidal(x: torch.Tensor, positions: Optional[torch.Tensor] = None, *, offset: int = 0,
+                   x_scale: float = 1.0, base: float = 10000.0, interleaved: bool = True, freq_shift: float = 0.0,
+                   angle_scale: float = 1.0, cos_first: bool = False) -> torch.Tensor:
+    """``x * x_scale + PE[positions]`` in one pass over x.
+
+    Args:
+        x: ``[batch, seq, dim]`` or ``[seq, dim]``; float32/float16/bfloat16/float64, any strides.
+        positions: ``[seq]`` or ``[batch, seq]`` integer or float positions; default
+            ``arange(seq) + offset``.
+        offset: first position when ``positions`` is None (e.g. the cache length while decoding).
+        x_scale: multiplies x first (``sqrt(d_model)`` in the original transformer).
+        Other options as in :func:`sinusoidal_table`.
+
+    Differentiable with respect to x.
+    """
+    if positions is None:
+        positions = torch.arange(x.shape[-2], device=x.device) + int(offset)
+    elif offset:
+        positions = positions + int(offset)
+    return torch.ops.posenc.add_sinusoidal(x, positions, float(x_scale), float(base), bool(interleaved),
+                                           float(freq_shift), float(angle_scale), bool(cos_first))
+
+
+@torch.library.register_fake("posenc::sinusoidal_table")
+def _sinusoidal_table_fake(positions, dim, base, interleaved, freq_shift, angle_scale, cos_first, dtype):
+    torch._check(positions.dim() == 1, lambda: f"posenc.sinusoidal_table: positions must be 1-D, got {positions.dim()}-D")
+    torch._check(dim >= 2, lambda: f"posenc.sinusoidal_table: dim must be >= 2, got {dim}")
+    return positions.new_empty((positions.shape[0], dim), dtype=dtype)
+
+
+@torch.library.register_fake("posenc::add_sinusoidal")
+def _add_sinusoidal_fake(x, positions, x_scale, base, interleaved, freq_shift, angle_scale, cos_first):
+    torch._check(x.dim() in (2, 3), lambda: f"posenc.add_sinusoidal: x must be 2-D or 3-D, got {x.dim()}-D")
+    return torch.empty_like(x)
+
+
+def _add_sinusoidal_setup(ctx, inputs, output):
+    ctx.x_scale = inputs[2]
+
+
+def _add_sinusoidal_backward(ctx, grad):
+    return grad * ctx.x_scale, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd("posenc::add_sinusoidal", _add_sinusoidal_backward,
+                                setup_context=_add_sinusoidal_setup)
+
+# --------------------------------------------------------------------------------------------
+# RoPE
+
+
+def _empty_k(q: torch.Tensor, layout: str) -> torch.Tensor:
+    """k with zero heads: the ops always take q and k; rotating q alone costs nothing extra."""
+    shape = list(q.shape)
+    shape[{"bshd": 2, "bhsd": 1, "thd": 1}[layout]] = 0
+    return q.new_empty(shape)
+
+
+def _resolve_rope_args(q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset,
+                       cu_seqlens, rotary_dim):
+    if layout not in _LAYOUTS:
+        raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
+    head_dim = q.shape[-1]
+    if config is not None:
+        if inv_freq is not None:
+            raise ValueError("pass either config or inv_freq, not both")
+        if config.needs_seq_len and positions is not None and positions.numel() > 0:
+            seq_len = int(positions.max()) + int(offset) + 1  # dynamic NTK / LongRoPE depend on it
+        else:
+            seq_len = q.shape[{"bshd": 1, "bhsd": 2, "thd": 0}[layout]] + int(offset)
+        inv_freq = config.inv_freq(seq_len=seq_len).to(device=q.device)
+        attention_factor = config.attention_factor
+        interleaved = config.interleaved
+        if rotary_dim is not None and rotary_dim != config.rotary_dim:
+            raise ValueError(f"rotary_dim={rotary_dim} disagrees with config.rotary_dim={config.rotary_dim}")
+        if config.head_dim != head_dim:
+            raise ValueError(f"q's head_dim is {head_dim} but config.head_dim is {config.head_dim}")
+    if inv_freq is None:
+        raise ValueError("apply_rope needs config= or inv_freq=")
+    if rotary_dim is not None:
+        if rotary_dim % 2 or rotary_dim <= 0 or rotary_dim > head_dim:
+            raise ValueError(f"rotary_dim must be even and in [2, head_dim={head_dim}], got {rotary_dim}")
+        if rotary_dim != 2 * inv_freq.shape[-1]:
+            raise ValueError(f"rotary_dim={rotary_dim} but inv_freq has {inv_freq.shape[-1]} frequencies "
+                             f"(rotary_dim {2 * inv_freq.shape[-1]})")
+    if k is None:
+        k = _empty_k(q, layout)
+    return k, inv_freq, float(attention_factor), bool(interleaved)
+
+
+def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None, *,
+               config: Optional["RopeConfig"] = None, inv_freq: Optional[torch.Tensor] = None,
+               attention_factor: float = 1.0, interleaved: bool = False, layout: str = "bshd", offset: int = 0,
+               cu_seqlens: Optional[torch.Tensor] = None, rotary_dim: Optional[int] = None
+               ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Rotary position embedding of q and k in one fused pass; returns new ``(q, k)``.
+
+    Args:
+        q, k: ``[B,S,H,D]`` (``bshd``), ``[B,H,S,D]`` (``bhsd``, transformers' layout) or ``[T,H,D]``
+            (``thd``, packed). Any strides with a contiguous last dim (views of a fused qkv work).
+            k may have another head count (GQA/MQA) or be None.
+        positions: int32/int64 ``[S]``, ``[B,S]`` or ``[T]``; default ``arange(S) + offset`` (or the
+            position within each packed sequence when ``cu_seqlens`` is given).
+        config: a :class:`RopeConfig`; supplies inv_freq, attention factor, pairing and rotary dim.
+        inv_freq: ``rotary_dim // 2`` frequencies (float64 or float32) when no config is given.
+        attention_factor: multiplies cos and sin (YaRN's temperature), on q and k alike.
+        interleaved: pair (2i, 2i+1) as GPT-J; default pairs (i, i + rotary_dim/2) as GPT-NeoX/Llama.
+        offset: added to every position (decode steps).
+        cu_seqlens: ``[n+1]`` sequence starts for ``thd``.
+        rotary_dim: optional check; dims past it pass through unchanged.
+
+    Differentiable with respect to q and k (the backward is the transposed rotation).
+    """
+    k_arg, inv_freq, attention_factor, interleaved = _resolve_rope_args(
+        q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens, rotary_dim)
+    q_out, k_out = torch.ops.posenc.rope(q, k_arg, positions, cu_seqlens, inv_freq, attention_factor, interleaved,
+                                         layout, int(offset), False)
+    return q_out, (k_out if k is not None else None)
+
+
+def apply_rope_(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None, *,
+                config: Optional["RopeConfig"] = None, inv_freq: Optional[torch.Tensor] = None,
+                attention_factor: float = 1.0, interleaved: bool = False, layout: str = "bshd", offset: int = 0,
+                cu_seqlens: Optional[torch.Tensor] = None, rotary_dim: Optional[int] = None
+                ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """In-place :func:`apply_rope` (inference: not differentiable); returns the same q and k."""
+    if torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad)):
+        raise RuntimeError("apply_rope_ rotates in place and is not differentiable; use apply_rope for training")
+    k_arg, inv_freq, attention_factor, interleaved = _resolve_rope_args(
+        q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens, rotary_dim)
+    torch.ops.posenc.rope_(q, k_arg, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout,
+                           int(offset), False)
+    return q, k
+
+
+def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                         position_ids: Optional[torch.Tensor] = None, unsqueeze_dim: int = 1
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop-in for transformers' ``apply_rotary_pos_emb``, fused in one kernel.
+
+    ``q``/``k`` are ``[B,H,S,D]`` with ``unsqueeze_dim=1`` (transformers' default) or ``[B,S,H,D]``
+    with ``unsqueeze_dim=2``; ``cos``/``sin`` are ``[B,S,R]`` or ``[S,R]`` (R <= D: dims past R pass
+    through). ``position_ids`` is ignored, as in transformers, unless cos/sin are 2-D tables
+    ``[max_positions, R]`` (the old convention), where it selects their rows. The result has q's
+    dtype; gradients flow to q and k (not to cos/sin).
+    """
+    if unsqueeze_dim not in (1, 2):
+        raise ValueError(f"unsqueeze_dim must be 1 ([B,H,S,D]) or 2 ([B,S,H,D]), got {unsqueeze_dim}")
+    layout = "bhsd" if unsqueeze_dim == 1 else "bshd"
+    positions = position_ids if (position_ids is not None and cos.dim() == 2) else None
+    return torch.ops.posenc.rope_cos_sin(q, k, cos, sin, positions, layout, False)
+
+
+def _rope_out_fake(q, k, *args):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+torch.library.register_fake("posenc::rope")(lambda q, k, positions, cu_seqlens, inv_freq, attention_factor, interleaved,
+                                            layout, offset, inverse: _rope_out_fake(q, k))
+torch.library.register_fake("posenc::rope_cos_sin")(lambda q, k, cos, sin, positions, layout, inverse:
+                                                    _rope_out_fake(q, k))
+torch.library.register_fake("posenc::rope_")(lambda q, k, positions, cu_seqlens, inv_freq, attention_factor,
+                                             interleaved, layout, offset, inverse: None)
+torch.library.register_fake("posenc::rope_cos_sin_")(lambda q, k, cos, sin, positions, layout, inverse: None)
+
+
+def _meta(t: torch.Tensor):
+    return t.shape, t.dtype, t.device
+
+
+def _grad_or_zeros(grad: Optional[torch.Tensor], meta) -> torch.Tensor:
+    if grad is None:
+        shape, dtype, device = meta
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return grad if grad.stride(-1) == 1 or grad.shape[-1] <= 1 else grad.contiguous()
+
+
+def _rope_setup(ctx, inputs, output):
+    q, k, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, inverse = inputs
+    ctx.save_for_backward(positions, cu_seqlens, inv_freq)
+    ctx.args = (attention_factor, interleaved, layout, offset, inverse)
+    ctx.metas = (_meta(q), _meta(k))
+
+
+def _rope_backward(ctx, grad_q, grad_k):
+    positions, cu_seqlens, inv_freq = ctx.saved_tensors
+    attention_factor, interleaved, layout, offset, inverse = ctx.args
+    q_like, k_like = ctx.metas
+    gq, gk = torch.ops.posenc.rope(_grad_or_zeros(grad_q, q_like), _grad_or_zeros(grad_k, k_like), positions,
+                                   cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, not inverse)
+    return gq, gk, None, None, None, None, None, None, None, None
+
+
+def _rope_cos_sin_setup(ctx, inputs, output):
+    q, k, cos, sin, positions, layout, inverse = inputs
+    ctx.save_for_backward(cos, sin, positions)
+    ctx.args = (layout, inverse)
+    ctx.metas = (_meta(q), _meta(k))
+
+
+def _rope_cos_sin_backward(ctx, grad_q, grad_k):
+    cos, sin, positions = ctx.saved_tensors
+    layout, inverse = ctx.args
+    q_like, k_like = ctx.metas
+    gq, gk = torch.ops.posenc.rope_cos_sin(_grad_or_zeros(grad_q, q_like), _grad_or_zeros(grad_k, k_like), cos, sin,
+                                           positions, layout, not inverse)
+    return gq, gk, None, None, None, None, None
+
+
+torch.library.register_autograd("posenc::rope", _rope_backward, setup_context=_rope_setup)
+torch.library.register_autograd("posenc::rope_cos_sin", _rope_cos_sin_backward, setup_context=_rope_cos_sin_setup)

@@ -93,7 +93,7 @@ POSENC_HD PairFactors<M> factors_from_table(const RopeProblem& p, int64_t row, i
   const T* cos = static_cast<const T*>(p.cos) + row;
   const T* sin = static_cast<const T*>(p.sin) + row;
   const int64_t a = p.first(i), b = p.second(i);
-  return {static_cast<M>(cos[a]), static_cast<M>(sin[a]), static_cast<M>(cos[b]), static_cast<M>(sin[b])};
+  return {to_math<M>(cos[a]), to_math<M>(sin[a]), to_math<M>(cos[b]), to_math<M>(sin[b])};
 }
 
 // Rotate one pair (a, b) in math precision.
@@ -121,11 +121,11 @@ inline void rotate_row(const T* src, T* dst, int64_t pairs, const M* c1, const M
   const int64_t second = kInterleaved ? 1 : pairs;
   const int64_t step = kInterleaved ? 2 : 1;
   for (int64_t i = 0; i < pairs; ++i) {
-    M a = static_cast<M>(src[i * step]);
-    M b = static_cast<M>(src[i * step + second]);
+    M a = to_math<M>(src[i * step]);
+    M b = to_math<M>(src[i * step + second]);
     rotate_pair<M>(a, b, PairFactors<M>{c1[i], s1[i], c2[i], s2[i]}, kInverse);
-    dst[i * step] = static_cast<T>(a);
-    dst[i * step + second] = static_cast<T>(b);
+    dst[i * step] = from_math<T>(a);
+    dst[i * step + second] = from_math<T>(b);
   }
 }
 

@@ -19,11 +19,11 @@ void emit_row(T* out, const T* x, int64_t x_stride, M x_scale, const M* first, c
   for (int64_t i = 0; i < half; ++i) {
     M a = first[i], b = second[i];
     if constexpr (kAdd) {
-      a += static_cast<M>(x[(i * step) * x_stride]) * x_scale;
-      b += static_cast<M>(x[(i * step + other) * x_stride]) * x_scale;
+      a += to_math<M>(x[(i * step) * x_stride]) * x_scale;
+      b += to_math<M>(x[(i * step + other) * x_stride]) * x_scale;
     }
-    out[i * step] = static_cast<T>(a);
-    out[i * step + other] = static_cast<T>(b);
+    out[i * step] = from_math<T>(a);
+    out[i * step + other] = from_math<T>(b);
   }
   if (dim % 2 == 1) {  // odd dim: the last column carries no encoding
     out[dim - 1] = kAdd ? static_cast<T>(static_cast<M>(x[(dim - 1) * x_stride]) * x_scale) : static_cast<T>(0);

@@ -239,7 +239,9 @@ void check_inplace(const char* op, const at::Tensor& q, const at::Tensor& k) {
   at::assert_no_internal_overlap(q);
   at::assert_no_internal_overlap(k);
   if (q.numel() > 0 && k.numel() > 0) {
-    TORCH_CHECK(at::get_overlap_status(q, k) == at::MemOverlapStatus::No, op,
+    // Views of one fused qkv buffer interleave without sharing elements (status TooHard): allowed.
+    const auto status = at::get_overlap_status(q, k);
+    TORCH_CHECK(status != at::MemOverlapStatus::Full && status != at::MemOverlapStatus::Partial, op,
                 ": q and k must not share memory when rotated in place");
   }
 }

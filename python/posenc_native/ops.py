@@ -218,17 +218,35 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     return torch.ops.posenc.rope_cos_sin(q, k, cos, sin, positions, layout, False)
 
 
-def _rope_out_fake(q, k, *args):
+def _check_rope_fake(op: str, q, k, *others) -> None:
+    """The cheap checks of the C++ op, so shape/device errors surface while tracing too."""
+    for name, t in (("k", k),) + others:
+        if t is not None:
+            torch._check(t.device == q.device,
+                         lambda: f"{op}: {name} must be on the same device as q ({q.device}), got {t.device}")
+    torch._check(k.dtype == q.dtype, lambda: f"{op}: k must have q's dtype ({q.dtype}), got {k.dtype}")
+
+
+@torch.library.register_fake("posenc::rope")
+def _rope_fake(q, k, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, inverse):
+    _check_rope_fake("posenc.rope", q, k, ("positions", positions), ("cu_seqlens", cu_seqlens), ("inv_freq", inv_freq))
     return torch.empty_like(q), torch.empty_like(k)
 
 
-torch.library.register_fake("posenc::rope")(lambda q, k, positions, cu_seqlens, inv_freq, attention_factor, interleaved,
-                                            layout, offset, inverse: _rope_out_fake(q, k))
-torch.library.register_fake("posenc::rope_cos_sin")(lambda q, k, cos, sin, positions, layout, inverse:
-                                                    _rope_out_fake(q, k))
-torch.library.register_fake("posenc::rope_")(lambda q, k, positions, cu_seqlens, inv_freq, attention_factor,
-                                             interleaved, layout, offset, inverse: None)
-torch.library.register_fake("posenc::rope_cos_sin_")(lambda q, k, cos, sin, positions, layout, inverse: None)
+@torch.library.register_fake("posenc::rope_")
+def _rope_inplace_fake(q, k, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, inverse):
+    _check_rope_fake("posenc.rope_", q, k, ("positions", positions), ("cu_seqlens", cu_seqlens), ("inv_freq", inv_freq))
+
+
+@torch.library.register_fake("posenc::rope_cos_sin")
+def _rope_cos_sin_fake(q, k, cos, sin, positions, layout, inverse):
+    _check_rope_fake("posenc.rope_cos_sin", q, k, ("cos", cos), ("sin", sin), ("positions", positions))
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+@torch.library.register_fake("posenc::rope_cos_sin_")
+def _rope_cos_sin_inplace_fake(q, k, cos, sin, positions, layout, inverse):
+    _check_rope_fake("posenc.rope_cos_sin_", q, k, ("cos", cos), ("sin", sin), ("positions", positions))
 
 
 def _meta(t: torch.Tensor):

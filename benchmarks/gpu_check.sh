@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The GPU check: run on the H200 machine through the device tool, from the repository root.
+#   build from source (no network: --no-build-isolation against the machine's torch), run the CUDA
+#   tests, benchmark against the PyTorch reference, torch.compile, Liger-Kernel (when carried) and a
+#   device copy. Everything lands under $OUT (summary.txt first).
+# Optional wheels (liger-kernel, expecttest) travel in .whl/ (see benchmarks/README.md).
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+summary="$OUT/summary.txt"
+say() { echo "$*" | tee -a "$summary"; }
+step() {  # step NAME CMD...: run, log to $OUT/NAME.log, record status and time
+  local name=$1; shift
+  local t0=$(date +%s)
+  "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  say "$(printf '%-10s rc=%-3s %4ss' "$name" "$rc" "$(( $(date +%s) - t0 ))")"
+  tail -n 25 "$OUT/$name.log"
+  return $rc
+}
+
+say "== posenc gpu_check $(date -u +%FT%TZ) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
+say "python $(python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)')"
+
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+
+# One arch is enough here and halves the build.
+export POSENC_CUDA=ON POSENC_CUDA_ARCHS=${POSENC_CUDA_ARCHS:-90}
+step build python3 -m pip install -v --no-build-isolation --no-deps --force-reinstall . || { say "build failed"; exit 1; }
+step selfcheck python3 -m posenc_native
+step tests python3 -m pytest -q -x -p no:cacheprovider tests/test_rope.py tests/test_sinusoidal.py \
+  -k "cuda or precision or opcheck" --hypothesis-seed=0
+step bench python3 benchmarks/bench_gpu.py --out "$OUT/bench.md"
+say "done"

@@ -4,6 +4,14 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+// The hot loops are compiled twice, for baseline x86-64 and for AVX2+FMA (Haswell and newer), and
+// the CPU picks at load time; elsewhere they are compiled once.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define POSENC_CPU_CLONES __attribute__((target_clones("default", "arch=haswell")))
+#else
+#define POSENC_CPU_CLONES
+#endif
+
 namespace posenc::cpu {
 
 template <typename F>

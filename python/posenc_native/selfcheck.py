@@ -47,10 +47,63 @@ def _add_sinusoidal(device: str, dtype: torch.dtype) -> float:
     return rel_error(out, reference.add_sinusoidal(x.to(dtype).double(), offset=5, x_scale=8.0))
 
 
+def _yarn_config():
+    from .config import RopeConfig
+
+    return RopeConfig.from_hf({"hidden_size": 512, "num_attention_heads": 8, "rope_theta": 10000.0,
+                               "max_position_embeddings": 16384,
+                               "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                                "original_max_position_embeddings": 4096}})
+
+
+def _rope_inputs(device: str, dtype: torch.dtype, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 37, 8, 64, generator=g, dtype=torch.float64).to(dtype)
+    k = torch.randn(2, 37, 2, 64, generator=g, dtype=torch.float64).to(dtype)
+    positions = torch.randint(0, 1 << 16, (2, 37), generator=g)
+    return q, k, positions
+
+
+def _rope_error(q, k, q_out, k_out, positions, cfg) -> float:
+    rq, rk = reference.apply_rope(q.double(), k.double(), positions, cfg)
+    return max(rel_error(q_out, rq), rel_error(k_out, rk))
+
+
+def _rope(device: str, dtype: torch.dtype) -> float:
+    cfg = _yarn_config()
+    q, k, positions = _rope_inputs(device, dtype, 2)
+    q_out, k_out = ops.apply_rope(q.to(device), k.to(device), positions.to(device), config=cfg)
+    return _rope_error(q, k, q_out, k_out, positions, cfg)
+
+
+def _rope_inplace(device: str, dtype: torch.dtype) -> float:
+    cfg = _yarn_config()
+    q, k, positions = _rope_inputs(device, dtype, 3)
+    qd = q.to(device).transpose(1, 2).contiguous().transpose(1, 2)  # a strided view
+    kd = k.to(device, copy=True)
+    ops.apply_rope_(qd, kd, positions.to(device), config=cfg)
+    return _rope_error(q, k, qd, kd, positions, cfg)
+
+
+def _apply_rotary_pos_emb(device: str, dtype: torch.dtype) -> float:
+    cfg = _yarn_config()
+    q, k, positions = _rope_inputs(device, dtype, 4)
+    cos, sin = reference.rope_cos_sin(positions, cfg, dtype=dtype)
+    q_out, k_out = ops.apply_rotary_pos_emb(q.to(device), k.to(device), cos.to(device), sin.to(device),
+                                            unsqueeze_dim=2)
+    c64, s64 = cos.double()[:, :, None], sin.double()[:, :, None]
+    rq = q.double() * c64 + reference.rotate_half(q.double()) * s64
+    rk = k.double() * c64 + reference.rotate_half(k.double()) * s64
+    return max(rel_error(q_out, rq), rel_error(k_out, rk))
+
+
 # (op name, function(device, dtype) -> relative error)
 CASES: list[tuple[str, Callable[[str, torch.dtype], float]]] = [
     ("sinusoidal_table", _sinusoidal_table),
     ("add_sinusoidal", _add_sinusoidal),
+    ("rope (yarn)", _rope),
+    ("rope_ in place (yarn)", _rope_inplace),
+    ("apply_rotary_pos_emb", _apply_rotary_pos_emb),
 ]
 
 

@@ -5,8 +5,7 @@
 #include <cstring>
 #include <vector>
 
-#include "cpu/dispatch.h"
-#include "host/plan.h"
+#include "cpu/kernels.h"
 
 namespace posenc::cpu {
 namespace {
@@ -64,6 +63,8 @@ void run_typed(const RopeProblem& p) {
                    [&](int64_t begin, int64_t end) { rope_tokens<T, kInterleaved, kInverse>(p, begin, end); });
 }
 
+}  // namespace
+
 void run_rope(const RopeProblem& p, at::ScalarType dtype) {
   dispatch_float_types(dtype, "posenc.rope", [&](auto tag) {
     using T = decltype(tag);
@@ -73,42 +74,6 @@ void run_rope(const RopeProblem& p, at::ScalarType dtype) {
       p.inverse ? run_typed<T, false, true>(p) : run_typed<T, false, false>(p);
     }
   });
-}
-
-std::tuple<at::Tensor, at::Tensor> rope_cpu(const at::Tensor& q, const at::Tensor& k,
-                                            const std::optional<at::Tensor>& positions,
-                                            const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& inv_freq,
-                                            double attention_factor, bool interleaved, c10::string_view layout,
-                                            int64_t offset, bool inverse) {
-  return rope_op(q, k, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, inverse,
-                 run_rope);
-}
-
-void rope_inplace_cpu(const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& positions,
-                      const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& inv_freq, double attention_factor,
-                      bool interleaved, c10::string_view layout, int64_t offset, bool inverse) {
-  rope_inplace_op(q, k, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, inverse,
-                  run_rope);
-}
-
-std::tuple<at::Tensor, at::Tensor> rope_cos_sin_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
-                                                    const at::Tensor& sin, const std::optional<at::Tensor>& positions,
-                                                    c10::string_view layout, bool inverse) {
-  return rope_cos_sin_op(q, k, cos, sin, positions, layout, inverse, run_rope);
-}
-
-void rope_cos_sin_inplace_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
-                              const std::optional<at::Tensor>& positions, c10::string_view layout, bool inverse) {
-  rope_cos_sin_inplace_op(q, k, cos, sin, positions, layout, inverse, run_rope);
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(posenc, CPU, m) {
-  m.impl("rope", &rope_cpu);
-  m.impl("rope_", &rope_inplace_cpu);
-  m.impl("rope_cos_sin", &rope_cos_sin_cpu);
-  m.impl("rope_cos_sin_", &rope_cos_sin_inplace_cpu);
 }
 
 }  // namespace posenc::cpu

@@ -4,8 +4,7 @@
 #include <torch/library.h>
 #include <vector>
 
-#include "cpu/dispatch.h"
-#include "host/plan.h"
+#include "cpu/kernels.h"
 
 namespace posenc::cpu {
 namespace {
@@ -66,27 +65,10 @@ void run_typed(const SinusoidalProblem& p) {
                    [&](int64_t begin, int64_t end) { sinusoidal_rows<T>(p, freq.data(), begin, end); });
 }
 
-void run_sinusoidal(const SinusoidalProblem& p, at::ScalarType dtype) {
-  dispatch_float_types(dtype, "posenc.sinusoidal", [&](auto tag) { run_typed<decltype(tag)>(p); });
-}
-
-at::Tensor sinusoidal_table_cpu(const at::Tensor& positions, int64_t dim, double base, bool interleaved,
-                                double freq_shift, double angle_scale, bool cos_first, at::ScalarType dtype) {
-  return sinusoidal_table_op(positions, dim, base, interleaved, freq_shift, angle_scale, cos_first, dtype,
-                             run_sinusoidal);
-}
-
-at::Tensor add_sinusoidal_cpu(const at::Tensor& x, const at::Tensor& positions, double x_scale, double base,
-                              bool interleaved, double freq_shift, double angle_scale, bool cos_first) {
-  return add_sinusoidal_op(x, positions, x_scale, base, interleaved, freq_shift, angle_scale, cos_first,
-                           run_sinusoidal);
-}
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(posenc, CPU, m) {
-  m.impl("sinusoidal_table", &sinusoidal_table_cpu);
-  m.impl("add_sinusoidal", &add_sinusoidal_cpu);
+void run_sinusoidal(const SinusoidalProblem& p, at::ScalarType dtype) {
+  dispatch_float_types(dtype, "posenc.sinusoidal", [&](auto tag) { run_typed<decltype(tag)>(p); });
 }
 
 }  // namespace posenc::cpu

@@ -1,23 +1,10 @@
-// CUDA helpers shared by the kernels: dtype dispatch, grid sizing, 16-byte vector access.
+// CUDA helpers shared by the kernels: grid sizing, 16-byte vector access.
 #pragma once
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
 
 namespace posenc::cuda {
-
-template <typename F>
-void dispatch_float_types(at::ScalarType t, const char* op, F&& f) {
-  switch (t) {
-    case at::kFloat: f(float{}); break;
-    case at::kDouble: f(double{}); break;
-    case at::kHalf: f(c10::Half{}); break;
-    case at::kBFloat16: f(c10::BFloat16{}); break;
-    default: TORCH_CHECK(false, op, ": unsupported dtype ", t);
-  }
-}
 
 constexpr int kThreads = 256;
 

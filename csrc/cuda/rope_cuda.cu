@@ -4,11 +4,8 @@
 //   and reused for every q and k head; a pass-through chunk copies V dims of every head (out of
 //   place, partial rotary). Memory moves in 16-byte vectors when every row is aligned, else per
 //   element (V = 1).
-#include <c10/cuda/CUDAGuard.h>
-#include <torch/library.h>
-
+#include "cuda/kernels.h"
 #include "cuda/launch.cuh"
-#include "host/plan.h"
 
 namespace posenc::cuda {
 namespace {
@@ -153,6 +150,8 @@ void launch(const RopeProblem& p) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+}  // namespace
+
 void run_rope(const RopeProblem& p, at::ScalarType dtype) {
   dispatch_float_types(dtype, "posenc.rope", [&](auto tag) {
     using T = decltype(tag);
@@ -163,48 +162,6 @@ void run_rope(const RopeProblem& p, at::ScalarType dtype) {
       launch<T, 1>(p);
     }
   });
-}
-
-std::tuple<at::Tensor, at::Tensor> rope_cuda(const at::Tensor& q, const at::Tensor& k,
-                                             const std::optional<at::Tensor>& positions,
-                                             const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& inv_freq,
-                                             double attention_factor, bool interleaved, c10::string_view layout,
-                                             int64_t offset, bool inverse) {
-  const c10::cuda::CUDAGuard guard(q.device());
-  return rope_op(q, k, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, inverse,
-                 run_rope);
-}
-
-void rope_inplace_cuda(const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& positions,
-                       const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& inv_freq,
-                       double attention_factor, bool interleaved, c10::string_view layout, int64_t offset,
-                       bool inverse) {
-  const c10::cuda::CUDAGuard guard(q.device());
-  rope_inplace_op(q, k, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, inverse,
-                  run_rope);
-}
-
-std::tuple<at::Tensor, at::Tensor> rope_cos_sin_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
-                                                     const at::Tensor& sin, const std::optional<at::Tensor>& positions,
-                                                     c10::string_view layout, bool inverse) {
-  const c10::cuda::CUDAGuard guard(q.device());
-  return rope_cos_sin_op(q, k, cos, sin, positions, layout, inverse, run_rope);
-}
-
-void rope_cos_sin_inplace_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
-                               const at::Tensor& sin, const std::optional<at::Tensor>& positions,
-                               c10::string_view layout, bool inverse) {
-  const c10::cuda::CUDAGuard guard(q.device());
-  rope_cos_sin_inplace_op(q, k, cos, sin, positions, layout, inverse, run_rope);
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(posenc, CUDA, m) {
-  m.impl("rope", &rope_cuda);
-  m.impl("rope_", &rope_inplace_cuda);
-  m.impl("rope_cos_sin", &rope_cos_sin_cuda);
-  m.impl("rope_cos_sin_", &rope_cos_sin_inplace_cuda);
 }
 
 }  // namespace posenc::cuda

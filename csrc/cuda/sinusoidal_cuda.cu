@@ -1,9 +1,6 @@
 // CUDA kernels of the sinusoidal ops: one thread per (row, pair); the math is csrc/core's.
-#include <c10/cuda/CUDAGuard.h>
-#include <torch/library.h>
-
+#include "cuda/kernels.h"
 #include "cuda/launch.cuh"
-#include "host/plan.h"
 
 namespace posenc::cuda {
 namespace {
@@ -34,6 +31,8 @@ __global__ void sinusoidal_kernel(const SinusoidalProblem p) {
   }
 }
 
+}  // namespace
+
 void run_sinusoidal(const SinusoidalProblem& p, at::ScalarType dtype) {
   const int64_t work = p.batch * p.seq * (p.params.half + (p.params.dim & 1));
   const auto stream = c10::cuda::getCurrentCUDAStream();
@@ -42,27 +41,6 @@ void run_sinusoidal(const SinusoidalProblem& p, at::ScalarType dtype) {
     sinusoidal_kernel<T><<<blocks_for(work), kThreads, 0, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
-}
-
-at::Tensor sinusoidal_table_cuda(const at::Tensor& positions, int64_t dim, double base, bool interleaved,
-                                 double freq_shift, double angle_scale, bool cos_first, at::ScalarType dtype) {
-  const c10::cuda::CUDAGuard guard(positions.device());
-  return sinusoidal_table_op(positions, dim, base, interleaved, freq_shift, angle_scale, cos_first, dtype,
-                             run_sinusoidal);
-}
-
-at::Tensor add_sinusoidal_cuda(const at::Tensor& x, const at::Tensor& positions, double x_scale, double base,
-                               bool interleaved, double freq_shift, double angle_scale, bool cos_first) {
-  const c10::cuda::CUDAGuard guard(x.device());
-  return add_sinusoidal_op(x, positions, x_scale, base, interleaved, freq_shift, angle_scale, cos_first,
-                           run_sinusoidal);
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(posenc, CUDA, m) {
-  m.impl("sinusoidal_table", &sinusoidal_table_cuda);
-  m.impl("add_sinusoidal", &add_sinusoidal_cuda);
 }
 
 }  // namespace posenc::cuda

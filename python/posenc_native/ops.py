@@ -131,8 +131,11 @@ def _resolve_rope_args(q, k, positions, config, inv_freq, attention_factor, inte
     if config is not None:
         if inv_freq is not None:
             raise ValueError("pass either config or inv_freq, not both")
+        # Dynamic NTK and LongRoPE depend on the sequence length: the largest position + 1.
         if config.needs_seq_len and positions is not None and positions.numel() > 0:
-            seq_len = int(positions.max()) + int(offset) + 1  # dynamic NTK / LongRoPE depend on it
+            seq_len = int(positions.max()) + int(offset) + 1
+        elif config.needs_seq_len and cu_seqlens is not None:
+            seq_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) + int(offset)
         else:
             seq_len = q.shape[{"bshd": 1, "bhsd": 2, "thd": 0}[layout]] + int(offset)
         inv_freq = config.inv_freq(seq_len=seq_len).to(device=q.device)

@@ -1,0 +1,16 @@
+// The CPU backend: its two runners (sinusoidal_cpu.cpp, rope_cpu.cpp), registered in register_cpu.cpp.
+#pragma once
+#include "host/backend.h"
+
+// The hot loops are compiled twice, for baseline x86-64 and for AVX2+FMA (Haswell and newer), and
+// the CPU picks at load time; elsewhere they are compiled once.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define POSENC_CPU_CLONES __attribute__((target_clones("default", "arch=haswell")))
+#else
+#define POSENC_CPU_CLONES
+#endif
+
+namespace posenc::cpu {
+void run_sinusoidal(const SinusoidalProblem& p, at::ScalarType dtype);
+void run_rope(const RopeProblem& p, at::ScalarType dtype);
+}  // namespace posenc::cpu

@@ -12,8 +12,10 @@ from . import ops, reference  # noqa: E402  (ops registers fake kernels and auto
 from .config import RopeConfig  # noqa: E402
 from .modules import (  # noqa: E402
     LearnablePositionalEncoding,
+    RoPEPositionalEncoding,
     RotaryEmbedding,
     SinusoidalPositionalEncoding,
+    YaRNPositionalEncoding,
 )
 from .ops import add_sinusoidal, apply_rope, apply_rope_, apply_rotary_pos_emb, sinusoidal_table  # noqa: E402
 
@@ -34,4 +36,6 @@ __all__ = [
     "SinusoidalPositionalEncoding",
     "LearnablePositionalEncoding",
     "RotaryEmbedding",
+    "RoPEPositionalEncoding",
+    "YaRNPositionalEncoding",
 ]

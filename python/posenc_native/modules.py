@@ -7,10 +7,11 @@ from typing import Optional
 import torch
 from torch import nn
 
-from . import ops
-from .config import RopeConfig
+from . import ops, reference
+from .config import RopeConfig, YarnScaling
 
-__all__ = ["SinusoidalPositionalEncoding", "LearnablePositionalEncoding", "RotaryEmbedding"]
+__all__ = ["SinusoidalPositionalEncoding", "LearnablePositionalEncoding", "RotaryEmbedding",
+           "RoPEPositionalEncoding", "YaRNPositionalEncoding"]
 
 
 class SinusoidalPositionalEncoding(nn.Module):
@@ -89,3 +90,133 @@ class RotaryEmbedding(nn.Module):
         return ops.apply_rope(q, k, positions, inv_freq=self.inv_freq(q.device, seq_len),
                               attention_factor=self.config.attention_factor, interleaved=self.config.interleaved,
                               layout=self.layout, offset=offset, cu_seqlens=cu_seqlens)
+
+
+def _fused_cos_sin_ok(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Whether ``x * cos + rotate_half(x) * sin`` can run as the fused op: x ``[B,H,S,D]`` (or
+    ``[B,S,D]``) with cos/sin ``[S,D]`` or ``[B or 1,S,D]`` on the same device, and no gradient
+    wanted for cos/sin (the op differentiates q and k only). Anything else takes the plain formula."""
+    if x.dim() not in (3, 4) or cos.shape != sin.shape or cos.dim() not in (2, 3):
+        return False
+    if not (x.is_floating_point() and cos.is_floating_point() and sin.is_floating_point()):
+        return False
+    if x.device != cos.device or x.device != sin.device:
+        return False
+    if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
+        return False
+    d, s = x.shape[-1], x.shape[-2]
+    if d % 2 or cos.shape[-1] != d or cos.shape[-2] != s:
+        return False
+    if cos.dim() == 3 and cos.shape[0] not in (1, x.shape[0]):
+        return False
+    # the op computes in x's dtype; keep the formula's type promotion when cos/sin are wider
+    return torch.promote_types(x.dtype, cos.dtype) == x.dtype and torch.promote_types(x.dtype, sin.dtype) == x.dtype
+
+
+class RoPEPositionalEncoding(nn.Module):
+    """Rotary position embedding, with the seed article's interface (half-split pairs, GPT-NeoX/Llama).
+
+    ``forward(seq_len, device=None)`` returns the ``[seq_len, dim]`` angle matrix
+    ``cat(freqs, freqs)`` with ``freqs = outer(arange(seq_len), inv_freq)``,
+    ``inv_freq = 1 / base^(arange(0, dim, 2)/dim)``; take ``.cos()``/``.sin()`` of it and call
+    :meth:`apply_rotary_emb`. Unlike the seed the angles are formed in float64 (float32 products
+    lose up to 6e-2 rad at position 2^20) and then returned as float32. :meth:`rotate` rotates q and
+    k directly with the fused kernel.
+    """
+
+    def __init__(self, dim: int, base: float = 10000) -> None:
+        super().__init__()
+        self.dim = dim
+        self.base = base
+        self.config = RopeConfig(head_dim=dim, base=base)
+        self._inv_freq64 = self.config.inv_freq()  # a plain attribute: module.half() must not round it
+        self.register_buffer("inv_freq", self._inv_freq64.to(torch.float32), persistent=False)
+
+    def forward(self, seq_len: int, device: Optional[torch.device] = None) -> torch.Tensor:
+        device = self.inv_freq.device if device is None else device
+        t = torch.arange(seq_len, device=device)
+        freqs = reference.rope_angles(t, self._inv_freq64.to(device))
+        return torch.cat((freqs, freqs), dim=-1).to(torch.float32)
+
+    @staticmethod
+    def rotate_half(x: torch.Tensor) -> torch.Tensor:
+        """``[-x2, x1]`` for ``x = [x1, x2]`` split in halves."""
+        return reference.rotate_half(x)
+
+    @staticmethod
+    def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``x * cos + rotate_half(x) * sin`` with broadcasting, as in the seed (x ``[..., seq, dim]``,
+        cos/sin ``[seq, dim]``). Runs as one fused kernel when the shapes allow (x ``[B,H,S,D]`` or
+        ``[B,S,D]``, cos/sin ``[S,D]`` or ``[B,S,D]``), else as the plain formula."""
+        if _fused_cos_sin_ok(x, cos, sin):
+            x4 = x if x.dim() == 4 else x.unsqueeze(1)
+            if x4.stride(-1) != 1:
+                x4 = x4.contiguous()
+            empty_k = x4.new_empty((x4.shape[0], 0, x4.shape[2], x4.shape[3]))
+            out, _ = ops.apply_rotary_pos_emb(x4, empty_k, cos, sin, unsqueeze_dim=1)
+            return out if x.dim() == 4 else out.squeeze(1)
+        return x * cos + reference.rotate_half(x) * sin
+
+    def rotate(self, q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None,
+               *, layout: str = "bhsd", offset: int = 0):
+        """Rotate q and k in one fused pass (``ops.apply_rope``); ``layout`` "bhsd" (default, the
+        seed's ``[batch, heads, seq, dim]``), "bshd" or "thd". Returns ``(q, k)``."""
+        return ops.apply_rope(q, k, positions, inv_freq=self._inv_freq64.to(q.device), attention_factor=1.0,
+                              interleaved=False, layout=layout, offset=offset)
+
+
+class YaRNPositionalEncoding(nn.Module):
+    """YaRN rotary embedding with the seed article's constructor.
+
+    ``scaling_factor`` is YaRN's ``factor`` (context extension ``s``), ``original_max_position_embeddings``
+    the pre-training context ``Lo``. The frequencies follow YaRN (DESIGN.md §3, as transformers):
+    pairs that turn more than ``beta_fast`` times over ``Lo`` keep their frequency, pairs that turn
+    fewer than ``beta_slow`` times are interpolated (divided by ``scaling_factor``), a linear ramp
+    blends those in between; cos and sin are multiplied by the attention factor
+    ``0.1*ln(s) + 1`` (the temperature ``sqrt(1/t)``), on q and k alike.
+
+    The seed article's code called this YaRN but was not: it raised the base NTK-style
+    (``base * s^(dim/(dim-2))``) *and* divided the positions by ``s``, with no ramp and no attention
+    factor. That double-scales every frequency and changes the high-frequency pairs YaRN keeps.
+    This class keeps the seed's name and arguments with the real method.
+
+    ``forward(seq_len, device=None)`` returns ``(cos, sin)``, each ``[seq_len, dim]`` (half-split
+    layout ``cat(c, c)``, attention factor applied, float32); :meth:`apply_rotary_emb` applies them,
+    and :meth:`rotate` rotates q and k in one fused kernel.
+    """
+
+    def __init__(self, dim: int, base: float = 10000, original_max_position_embeddings: int = 2048,
+                 scaling_factor: float = 1.0, *, beta_fast: float = 32.0, beta_slow: float = 1.0,
+                 attention_factor: Optional[float] = None, truncate: bool = True, interleaved: bool = False) -> None:
+        super().__init__()
+        self.dim = dim
+        self.base = base
+        self.original_max_position_embeddings = original_max_position_embeddings
+        self.scaling_factor = scaling_factor
+        self.config = RopeConfig(
+            head_dim=dim, base=base, interleaved=interleaved,
+            max_position_embeddings=int(math.ceil(original_max_position_embeddings * scaling_factor)),
+            scaling=YarnScaling(factor=float(scaling_factor),
+                                original_max_position_embeddings=original_max_position_embeddings,
+                                beta_fast=beta_fast, beta_slow=beta_slow, attention_factor=attention_factor,
+                                truncate=truncate))
+        self.attention_factor = self.config.attention_factor
+        self.mscale = self.attention_factor  # the name some YaRN code uses for it
+        self._inv_freq64 = self.config.inv_freq()  # a plain attribute: module.half() must not round it
+        self.register_buffer("inv_freq", self._inv_freq64.to(torch.float32), persistent=False)
+
+    def forward(self, seq_len: int, device: Optional[torch.device] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        device = self.inv_freq.device if device is None else device
+        cos, sin = reference.rope_cos_sin(torch.arange(seq_len, device=device), self.config, dtype=torch.float32)
+        return cos, sin
+
+    rotate_half = staticmethod(reference.rotate_half)
+    apply_rotary_emb = staticmethod(RoPEPositionalEncoding.apply_rotary_emb)
+
+    def rotate(self, q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None,
+               *, layout: str = "bhsd", offset: int = 0):
+        """Rotate q and k with YaRN in one fused pass (``ops.apply_rope``); ``layout`` "bhsd"
+        (default), "bshd" or "thd". Returns ``(q, k)``."""
+        return ops.apply_rope(q, k, positions, inv_freq=self._inv_freq64.to(q.device),
+                              attention_factor=self.attention_factor, interleaved=self.config.interleaved,
+                              layout=layout, offset=offset)

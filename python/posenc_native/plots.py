@@ -31,3 +31,83 @@ def plot_sinusoidal(out: str, length: int = 100, dim: int = 128) -> str:
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def _rope_score_curve(cfg, distances: torch.Tensor, seq_len=None) -> torch.Tensor:
+    """RoPE dot product ``<R(0) q, R(r) k>`` of a fixed q = k (all ones on the rotated dims) against
+    the relative distance r, in float64 from the reference (attention factor included)."""
+    from . import reference
+
+    q = torch.ones(1, 1, 1, cfg.head_dim, dtype=torch.float64)
+    qr, _ = reference.apply_rope(q, None, torch.zeros(1, dtype=torch.long), cfg, seq_len=seq_len)
+    k = torch.ones(1, distances.numel(), 1, cfg.head_dim, dtype=torch.float64)
+    kr, _ = reference.apply_rope(k, None, distances, cfg, seq_len=seq_len)
+    rot = slice(0, cfg.rotary_dim)
+    return (kr[0, :, 0, rot] * qr[0, 0, 0, rot]).sum(-1)
+
+
+def plot_rope(source: str, out: str) -> str:
+    """RoPE figure for ``posenc plot rope --config SOURCE``: default vs scaled frequency per pair, the
+    per-pair scaling (YaRN's ramp, Llama-3's smoothing), and the dot product of a fixed q, k against
+    relative distance (default vs scaled). ``source``: a config.json, a directory with one, or a
+    preset name; for per-layer-type configs the full-attention (else first) layer type is drawn."""
+    import dataclasses
+    import math
+
+    from .config import DefaultScaling, RopeConfig, YarnScaling, hf_layer_types, load_hf_dict
+
+    data = load_hf_dict(source)
+    kinds = hf_layer_types(data)
+    layer_type = ("full_attention" if "full_attention" in kinds else kinds[0]) if kinds else None
+    cfg = RopeConfig.from_hf(data, layer_type=layer_type)
+    seq_len = None
+    if cfg.needs_seq_len:  # draw the scaled regime: past the original / trained context
+        big = cfg.max_position_embeddings or 4096
+        seq_len = int(big * cfg.scaling.factor) if cfg.rope_type == "dynamic" else big
+    plain = dataclasses.replace(cfg, scaling=DefaultScaling()) if cfg.rope_type != "proportional" else cfg
+    default = cfg.default_inv_freq().numpy()
+    scaled = cfg.inv_freq(seq_len).numpy()
+    pairs = range(len(scaled))
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5))
+    ax = axes[0]
+    ax.semilogy(pairs, default, "o-", ms=3, label="default")
+    ax.semilogy(pairs, scaled, "s-", ms=3, label=f"{cfg.rope_type}" + (f" (seq_len {seq_len})" if seq_len else ""))
+    ax.set_xlabel("pair i")
+    ax.set_ylabel("inv_freq (rad / position)")
+    ax.set_title("frequencies per pair")
+    ax.legend()
+
+    ax = axes[1]
+    if isinstance(cfg.scaling, YarnScaling):
+        ramp = cfg.scaling.ramp(cfg).numpy()
+        lo, hi = cfg.scaling.correction_range(cfg)
+        ax.plot(pairs, ramp, "o-", ms=3, label="ramp (0 keep, 1 interpolate)")
+        ax.axvline(lo, ls="--", c="gray")
+        ax.axvline(hi, ls="--", c="gray")
+        ax.set_title(f"YaRN ramp: lo={lo:g}, hi={hi:g}")
+    else:
+        ratio = [s / d if d else float("nan") for s, d in zip(scaled.tolist(), default.tolist())]
+        ax.plot(pairs, ratio, "o-", ms=3, label="scaled / default")
+        ax.set_title("per-pair scaling")
+    ax.set_xlabel("pair i")
+    ax.legend()
+
+    ax = axes[2]
+    horizon = cfg.max_position_embeddings or 8192
+    horizon = min(horizon, 1 << 17)
+    distances = torch.unique(torch.logspace(0, math.log10(horizon), 600).round().long())
+    ax.plot(distances.numpy(), _rope_score_curve(plain, distances).numpy(), lw=0.8, label="default")
+    ax.plot(distances.numpy(), _rope_score_curve(cfg, distances, seq_len).numpy(), lw=0.8, label=cfg.rope_type)
+    ax.set_xscale("log")
+    ax.set_xlabel("relative distance n - m")
+    ax.set_ylabel("<R(m) q, R(n) k>,  q = k = ones")
+    ax.set_title(f"RoPE score vs distance (attention factor {cfg.attention_factor:.4g})")
+    ax.legend()
+    fig.suptitle(f"{source}: {cfg.rope_type}, rotary dim {cfg.rotary_dim}, base {cfg.base:g}"
+                 + (f", layer type {layer_type}" if layer_type else ""))
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

@@ -2,9 +2,15 @@
 tested against). Slow and simple on purpose: each function reads like the formula it implements."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Optional, Union
+
 import torch
 
-__all__ = ["sinusoidal_frequencies", "sinusoidal_table", "add_sinusoidal"]
+if TYPE_CHECKING:  # pragma: no cover
+    from .config import RopeConfig
+
+__all__ = ["sinusoidal_frequencies", "sinusoidal_table", "add_sinusoidal", "rope_positions", "rope_angles",
+           "rope_cos_sin", "rotate_half", "rotate_every_two", "apply_rope"]
 
 
 def sinusoidal_frequencies(dim: int, base: float = 10000.0, freq_shift: float = 0.0,
@@ -48,3 +54,155 @@ def add_sinusoidal(x: torch.Tensor, positions=None, *, offset: int = 0, x_scale:
                           angle_scale=angle_scale, cos_first=cos_first, dtype=torch.float64)
     pe = pe.reshape(*positions.shape, dim)
     return (x.to(torch.float64) * x_scale + pe).to(x.dtype)
+
+
+# ------------------------------------------------------------------------------------------------
+# RoPE
+#
+# Rotation of a pair (a, b) by t, scaled by the attention factor f (DESIGN.md §2-3):
+#   (a, b) -> f * (a cos t - b sin t, a sin t + b cos t),   t = position * inv_freq[i]
+# Pairs are (i, i + R/2) (half-split, GPT-NeoX/Llama) or (2i, 2i + 1) (interleaved, GPT-J);
+# dims past the rotary width R pass through untouched.
+
+_SEQ_AXIS = {"bshd": 1, "bhsd": 2, "thd": 0}
+
+
+def rope_positions(num_tokens: int, positions: Optional[torch.Tensor] = None, *, offset: int = 0,
+                   cu_seqlens: Optional[torch.Tensor] = None, device=None) -> torch.Tensor:
+    """Integer positions as the ops see them: ``positions + offset``; by default ``arange(num_tokens) +
+    offset``, or with ``cu_seqlens`` the index of each token within its packed sequence plus offset."""
+    if positions is not None:
+        return positions.to(device=device if device is not None else positions.device, dtype=torch.int64) + int(offset)
+    if cu_seqlens is None:
+        return torch.arange(num_tokens, dtype=torch.int64, device=device) + int(offset)
+    cu = cu_seqlens.to(dtype=torch.int64, device="cpu").tolist()
+    if cu[0] != 0 or cu[-1] != num_tokens or any(b < a for a, b in zip(cu, cu[1:])):
+        raise ValueError(f"cu_seqlens must start at 0, be non-decreasing and end at {num_tokens}, got {cu}")
+    parts = [torch.arange(b - a, dtype=torch.int64) for a, b in zip(cu, cu[1:])]
+    return (torch.cat(parts) + int(offset)).to(device)
+
+
+def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """``positions[..., None] * inv_freq``, formed in float64: ``[*positions.shape, len(inv_freq)]``."""
+    pos = positions.to(torch.float64)
+    return pos[..., None] * inv_freq.to(device=pos.device, dtype=torch.float64)
+
+
+def _seq_len_for(positions: torch.Tensor) -> int:
+    # as transformers' dynamic/longrope update: the frequencies serve max(position) + 1 positions
+    return int(positions.max()) + 1 if positions.numel() else 0
+
+
+def rope_cos_sin(positions: Union[int, torch.Tensor], cfg: "RopeConfig", *, seq_len: Optional[int] = None,
+                 dtype: torch.dtype = torch.float64, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of every rotated dim, multiplied by ``cfg.attention_factor``.
+
+    Args:
+        positions: an int ``S`` (positions ``0..S-1``) or an integer tensor of any shape.
+        cfg: the :class:`~posenc_native.config.RopeConfig`.
+        seq_len: for dynamic NTK / LongRoPE; default ``max(positions) + 1``.
+        dtype: of the result (computed in float64).
+
+    Returns:
+        ``(cos, sin)``, each ``[*positions.shape, cfg.rotary_dim]``, laid out for the config's
+        pairing: ``cat(c, c)`` for half-split (transformers' layout, usable with
+        ``apply_rotary_pos_emb``), ``repeat_interleave(c, 2)`` for interleaved.
+    """
+    if isinstance(positions, int):
+        positions = torch.arange(positions, device=device)
+    elif device is not None:
+        positions = positions.to(device)
+    if seq_len is None and cfg.needs_seq_len:
+        seq_len = _seq_len_for(positions)
+    angles = rope_angles(positions, cfg.inv_freq(seq_len=seq_len))
+    f = float(cfg.attention_factor)
+    c, s = torch.cos(angles) * f, torch.sin(angles) * f
+    if cfg.interleaved:
+        c, s = c.repeat_interleave(2, dim=-1), s.repeat_interleave(2, dim=-1)
+    else:
+        c, s = torch.cat([c, c], dim=-1), torch.cat([s, s], dim=-1)
+    return c.to(dtype), s.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """``[-x2, x1]`` for ``x = [x1, x2]`` split in halves (GPT-NeoX/Llama)."""
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rotate_every_two(x: torch.Tensor) -> torch.Tensor:
+    """``(-x_{2i+1}, x_{2i})`` for every pair (GPT-J)."""
+    return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int, interleaved: bool) -> torch.Tensor:
+    """Rotate the first ``rotary_dim`` dims of ``x`` (float64) by per-pair ``cos``/``sin`` (already
+    scaled by the attention factor), broadcasting over heads."""
+    rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+    if interleaved:
+        a, b = rot[..., 0::2], rot[..., 1::2]
+    else:
+        a, b = rot[..., : rotary_dim // 2], rot[..., rotary_dim // 2:]
+    ra, rb = a * cos - b * sin, a * sin + b * cos
+    out = torch.stack((ra, rb), dim=-1).flatten(-2) if interleaved else torch.cat((ra, rb), dim=-1)
+    return torch.cat((out, rest), dim=-1)
+
+
+def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None,
+               cfg: Optional["RopeConfig"] = None, *, layout: str = "bshd", inv_freq: Optional[torch.Tensor] = None,
+               attention_factor: float = 1.0, interleaved: bool = False, offset: int = 0,
+               cu_seqlens: Optional[torch.Tensor] = None, seq_len: Optional[int] = None
+               ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Rotary embedding of q and k, the reference for ``ops.apply_rope`` (float64 math).
+
+    Args:
+        q, k: ``[B,S,H,D]`` (``"bshd"``), ``[B,H,S,D]`` (``"bhsd"``) or ``[T,H,D]`` (``"thd"``);
+            k may have another head count, or be None.
+        positions: ``[S]`` or ``[B,S]`` (``[T]`` for thd) integer positions; default
+            ``arange(S)`` (with ``cu_seqlens``, the position within each packed sequence).
+            ``offset`` is added to them, as in the ops.
+        cfg: a :class:`~posenc_native.config.RopeConfig` (frequencies, attention factor, pairing,
+            rotary dim); or give ``inv_freq``, ``attention_factor`` and ``interleaved`` instead.
+        seq_len: for dynamic NTK / LongRoPE; default ``max(position) + 1``.
+
+    Returns:
+        ``(q_out, k_out)`` in the dtypes of q and k (``k_out`` None when k is None). The rotated
+        dims are multiplied by the attention factor; the dims past ``rotary_dim`` are copied.
+    """
+    if layout not in _SEQ_AXIS:
+        raise ValueError(f"layout must be one of {tuple(_SEQ_AXIS)}, got {layout!r}")
+    expected_dim = 3 if layout == "thd" else 4
+    for name, t in (("q", q), ("k", k)):
+        if t is not None and t.dim() != expected_dim:
+            raise ValueError(f"{name} must be {expected_dim}-D for layout {layout!r}, got shape {tuple(t.shape)}")
+    if cu_seqlens is not None and layout != "thd":
+        raise ValueError("cu_seqlens is only for layout 'thd'")
+    num_tokens = q.shape[_SEQ_AXIS[layout]]
+    pos = rope_positions(num_tokens, positions, offset=offset, cu_seqlens=cu_seqlens, device=q.device)
+    if cfg is not None:
+        if inv_freq is not None:
+            raise ValueError("pass either cfg or inv_freq, not both")
+        if seq_len is None and cfg.needs_seq_len:
+            seq_len = _seq_len_for(pos)
+        inv_freq = cfg.inv_freq(seq_len=seq_len)
+        attention_factor, interleaved = cfg.attention_factor, cfg.interleaved
+    if inv_freq is None:
+        raise ValueError("apply_rope needs cfg or inv_freq")
+    rotary_dim = 2 * inv_freq.shape[-1]
+    if rotary_dim > q.shape[-1]:
+        raise ValueError(f"rotary dim {rotary_dim} exceeds head_dim {q.shape[-1]}")
+    angles = rope_angles(pos, inv_freq)  # [S, R/2], [B, S, R/2] or [T, R/2]
+    f = float(attention_factor)
+    cos, sin = torch.cos(angles) * f, torch.sin(angles) * f
+    # broadcast over heads: insert the head axis next to the sequence axis
+    if layout == "bhsd":
+        cos, sin = cos.unsqueeze(-3), sin.unsqueeze(-3)  # [..., 1, S, R/2]
+    else:
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # [..., S, 1, R/2]
+
+    def one(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        if x is None:
+            return None
+        return _rotate(x.to(torch.float64), cos, sin, rotary_dim, bool(interleaved)).to(x.dtype)
+
+    return one(q), one(k)

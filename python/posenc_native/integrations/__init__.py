@@ -1,0 +1,17 @@
+"""Integrations of posenc-native with other libraries.
+
+Submodules are imported on first use, so importing ``posenc_native`` never imports the libraries
+they integrate with:
+
+- :mod:`posenc_native.integrations.transformers`: ``patch(model)`` / ``unpatch(model)`` swap the
+  rotary path of a loaded Hugging Face ``transformers`` model for posenc's fused RoPE kernels.
+"""
+import importlib
+
+__all__ = ["transformers"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

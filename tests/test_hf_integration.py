@@ -1,0 +1,338 @@
+"""posenc_native.integrations.transformers: patched tiny random models match the unpatched ones.
+
+Every family is built from a config (nothing downloaded), in float32 and eval mode; a patched copy
+must give the same logits (<= 1e-4 max abs) and the same greedy generation (KV cache / decode
+positions), and unpatch must give back exactly the original outputs.
+"""
+import copy
+import os
+import pickle
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from posenc_native.integrations import transformers as hfi  # noqa: E402
+
+transformers.logging.set_verbosity_error()
+
+VOCAB = 128
+LOGIT_ATOL = 1e-4
+NEW_TOKENS = 20
+
+_COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+               max_position_embeddings=256, bos_token_id=0, eos_token_id=None, pad_token_id=None,
+               initializer_range=0.2, tie_word_embeddings=False)
+
+
+def _config(kind: str):
+    c = transformers
+    if kind == "llama":
+        return c.LlamaConfig(**_COMMON, num_key_value_heads=2)
+    if kind == "llama-linear":
+        return c.LlamaConfig(**_COMMON, num_key_value_heads=2, rope_parameters=dict(
+            rope_type="linear", factor=2.0, rope_theta=10000.0))
+    if kind == "llama-llama3":
+        return c.LlamaConfig(**_COMMON, num_key_value_heads=2, rope_parameters=dict(
+            rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+            original_max_position_embeddings=64, rope_theta=500000.0))
+    if kind == "llama-yarn":
+        return c.LlamaConfig(**_COMMON, num_key_value_heads=2, rope_parameters=dict(
+            rope_type="yarn", factor=4.0, original_max_position_embeddings=64, rope_theta=10000.0))
+    if kind == "llama-dynamic":
+        cfg = dict(_COMMON, max_position_embeddings=48)
+        return c.LlamaConfig(**cfg, num_key_value_heads=2, rope_parameters=dict(
+            rope_type="dynamic", factor=2.0, rope_theta=10000.0))
+    if kind == "qwen2":
+        return c.Qwen2Config(**_COMMON, num_key_value_heads=2)
+    if kind == "qwen2-yarn":  # DeepSeek-style mscale pair and a non-default beta
+        return c.Qwen2Config(**_COMMON, num_key_value_heads=1, rope_parameters=dict(
+            rope_type="yarn", factor=8.0, original_max_position_embeddings=32, rope_theta=1000000.0,
+            beta_fast=16.0, mscale=0.707, mscale_all_dim=1.0))
+    if kind == "qwen3":
+        return c.Qwen3Config(**_COMMON, num_key_value_heads=2, head_dim=16)
+    if kind == "mistral":
+        return c.MistralConfig(**_COMMON, num_key_value_heads=2, sliding_window=None)
+    if kind == "phi3":
+        return c.Phi3Config(**_COMMON, num_key_value_heads=2)
+    if kind in ("phi3-longrope", "phi3-longrope-partial"):
+        partial = 0.5 if kind.endswith("partial") else 1.0
+        half = int(16 * partial) // 2
+        return c.Phi3Config(**_COMMON, num_key_value_heads=2, original_max_position_embeddings=64, rope_parameters=dict(
+            rope_type="longrope", rope_theta=10000.0, partial_rotary_factor=partial,
+            original_max_position_embeddings=64,
+            long_factor=[1.0 + 0.7 * i for i in range(half)], short_factor=[1.0 + 0.05 * i for i in range(half)]))
+    if kind == "gpt_neox":
+        cfg = {k: v for k, v in _COMMON.items() if k != "tie_word_embeddings"}
+        return c.GPTNeoXConfig(**cfg, rotary_pct=0.5, tie_word_embeddings=False)
+    if kind in ("gptj", "gptj-full"):
+        return c.GPTJConfig(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256,
+                            rotary_dim=16 if kind == "gptj-full" else 8, bos_token_id=0, eos_token_id=None,
+                            initializer_range=0.2, tie_word_embeddings=False)
+    raise AssertionError(kind)
+
+
+def _model(kind: str, attn: str = "eager"):
+    cfg = _config(kind)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn, dtype=torch.float32)
+    return model.eval()
+
+
+def _ids(batch: int, length: int, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1, VOCAB, (batch, length), generator=g)
+
+
+@torch.no_grad()
+def _logits(model, ids, **kw):
+    return model(input_ids=ids, **kw).logits
+
+
+@torch.no_grad()
+def _generate(model, ids, **kw):
+    return model.generate(ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, **kw)
+
+
+@pytest.fixture(autouse=True)
+def _unpatch_leftovers(monkeypatch):
+    """Whatever a test patched is unpatched afterwards, even when it fails (the module-level wrappers
+    are reference counted, so one leftover would leak into the next test)."""
+    patched_models = []
+    real_patch = hfi.patch
+
+    def tracking_patch(model, **kw):
+        patched_models.append(model)
+        return real_patch(model, **kw)
+
+    monkeypatch.setattr(hfi, "patch", tracking_patch)
+    yield
+    for m in patched_models:
+        if hfi.is_patched(m):
+            hfi.unpatch(m)
+
+
+def _assert_close_logits(got, want):
+    err = (got - want).abs().max().item()
+    assert err <= LOGIT_ATOL, f"patched logits differ by {err:.3g}"
+
+
+# (model kind, attention implementation, prompt length for generation, lengths for the logits check)
+CASES = [
+    ("llama", "eager", 12, (17,)),
+    ("llama-linear", "sdpa", 12, (40,)),
+    ("llama-llama3", "sdpa", 12, (40,)),
+    ("llama-yarn", "sdpa", 12, (100,)),  # past original_max_position_embeddings
+    ("qwen2", "sdpa", 12, (17,)),
+    ("qwen2-yarn", "eager", 12, (70,)),
+    ("qwen3", "eager", 12, (17,)),
+    ("mistral", "sdpa", 12, (17,)),
+    ("phi3", "eager", 12, (17,)),  # fused qkv projection, default rope
+    ("gpt_neox", "eager", 12, (17,)),  # partial rotary
+    ("gptj", "eager", 12, (17,)),  # interleaved, partial
+    ("gptj-full", "eager", 12, (17,)),  # interleaved, full head
+]
+
+
+@pytest.mark.parametrize("kind,attn,prompt,lengths", CASES, ids=[c[0] for c in CASES])
+def test_patched_matches_unpatched(kind, attn, prompt, lengths):
+    model = _model(kind, attn)
+    ref = copy.deepcopy(model)
+    ids = _ids(2, prompt)
+    want_gen = _generate(ref, ids)
+    want = {n: _logits(ref, _ids(2, n, seed=n)) for n in lengths}
+
+    assert hfi.patch(model) is model and hfi.is_patched(model)
+    for n in lengths:
+        _assert_close_logits(_logits(model, _ids(2, n, seed=n)), want[n])
+    got_gen = _generate(model, ids)
+    assert torch.equal(got_gen, want_gen), f"{kind}: greedy generation differs\n{got_gen}\n{want_gen}"
+
+    hfi.unpatch(model)
+    assert not hfi.is_patched(model)
+    for n in lengths:
+        assert torch.equal(_logits(model, _ids(2, n, seed=n)), want[n])
+    assert torch.equal(_generate(model, ids), want_gen)
+
+
+def test_no_cos_sin_and_no_transformers_rotation():
+    """The patched forward builds no cos/sin tensors and never runs transformers' rotation math."""
+    from transformers.models.llama import modeling_llama as ml
+
+    model = _model("llama")
+    hfi.patch(model)
+    try:
+        assert isinstance(model.model.rotary_emb, hfi.PosencRotaryEmbedding)
+        out = model.model.rotary_emb(torch.zeros(1, 3, 64), torch.arange(3)[None])
+        assert isinstance(out[0], hfi.RotaryPositions) and out[0] is out[1]
+        calls = []
+        original_rotate_half = ml.rotate_half
+        ml.rotate_half = lambda x: calls.append(1) or original_rotate_half(x)
+        try:
+            _logits(model, _ids(1, 5))
+        finally:
+            ml.rotate_half = original_rotate_half
+        assert calls == []
+    finally:
+        hfi.unpatch(model)
+
+
+def test_left_padded_batch_generation():
+    """Per-sequence position ids ([B, S], from the attention mask) in prefill and decode."""
+    model = _model("llama", "sdpa")
+    ref = copy.deepcopy(model)
+    ids = _ids(2, 10)
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    ids[0, :4] = 0
+    want = _generate(ref, ids, attention_mask=mask)
+    hfi.patch(model)
+    assert torch.equal(_generate(model, ids, attention_mask=mask), want)
+    pos = (mask.cumsum(-1) - 1).clamp_min(0)
+    _assert_close_logits(_logits(model, ids, attention_mask=mask, position_ids=pos),
+                         _logits(ref, ids, attention_mask=mask, position_ids=pos))
+    hfi.unpatch(model)
+
+
+def test_dynamic_ntk_follows_transformers_state():
+    """Dynamic NTK: frequencies grow with the longest sequence seen and reset below max positions,
+    exactly as transformers' dynamic_rope_update (a stateless seq_len rule would differ)."""
+    model = _model("llama-dynamic")  # max_position_embeddings = 48
+    ref = copy.deepcopy(model)
+    hfi.patch(model)
+    # 80 > 48 grows; 60 then reuses the 80-token frequencies; 20 resets; 60 grows again
+    for n in (80, 60, 20, 60):
+        ids = _ids(1, n, seed=n)
+        _assert_close_logits(_logits(model, ids), _logits(ref, ids))
+    # generation whose prompt is already past max_position_embeddings: every decode step grows
+    ids = _ids(1, 70, seed=3)
+    assert torch.equal(_generate(model, ids), _generate(ref, ids))
+    hfi.unpatch(model)
+    # unpatch hands the grown state back to the model's own rotary module
+    assert int(model.model.rotary_emb.max_seq_len_cached) == int(ref.model.rotary_emb.max_seq_len_cached)
+    for n in (60, 20):
+        ids = _ids(1, n, seed=n)
+        assert torch.equal(_logits(model, ids), _logits(ref, ids))
+
+
+@pytest.mark.parametrize("kind", ["phi3-longrope", "phi3-longrope-partial"])
+def test_phi3_longrope_short_long_switch(kind):
+    model = _model(kind, "sdpa")  # original_max_position_embeddings = 64
+    ref = copy.deepcopy(model)
+    hfi.patch(model)
+    for n in (30, 64, 65, 100):  # short factors up to 64 tokens, long beyond
+        ids = _ids(2, n, seed=n)
+        _assert_close_logits(_logits(model, ids), _logits(ref, ids))
+    for n in (40, 55):  # generation crosses 64 tokens: transformers switches to long factors
+        ids = _ids(1, n, seed=n)
+        assert torch.equal(_generate(model, ids), _generate(ref, ids))
+    hfi.unpatch(model)
+    ids = _ids(2, 100, seed=100)
+    assert torch.equal(_logits(model, ids), _logits(ref, ids))
+
+
+def test_training_gradients_match():
+    model = _model("gpt_neox").train()
+    ref = copy.deepcopy(model)
+    ids = _ids(2, 16)
+    hfi.patch(model)
+    model(input_ids=ids, labels=ids).loss.backward()
+    ref(input_ids=ids, labels=ids).loss.backward()
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-3, atol=1e-5), name
+    hfi.unpatch(model)
+
+
+def test_patch_twice_is_idempotent_and_unpatch_restores_globals():
+    from transformers.models.gptj import modeling_gptj as mj
+    from transformers.models.llama import modeling_llama as ml
+
+    orig_llama, orig_gptj = ml.apply_rotary_pos_emb, mj.apply_rotary_pos_emb
+    a, b, j = _model("llama"), _model("llama"), _model("gptj")
+    ids = _ids(1, 9)
+    want_a = _logits(a, ids)
+    hfi.patch(a)
+    hfi.patch(a)  # no-op
+    assert ml.apply_rotary_pos_emb is not orig_llama
+    # another model of the same family, unpatched, is not affected by a's patch
+    assert torch.equal(_logits(b, ids), want_a)
+    hfi.patch(b)
+    hfi.patch(j)
+    hfi.unpatch(a)
+    assert ml.apply_rotary_pos_emb is not orig_llama  # b still needs the dispatcher
+    assert torch.equal(_logits(a, ids), want_a)
+    hfi.unpatch(b)
+    hfi.unpatch(j)
+    assert ml.apply_rotary_pos_emb is orig_llama and mj.apply_rotary_pos_emb is orig_gptj
+    assert "_get_embed_positions" not in j.transformer.h[0].attn.__dict__
+    with pytest.raises(ValueError, match="not patched"):
+        hfi.unpatch(a)
+    # the context manager
+    with hfi.patched(a) as m:
+        assert hfi.is_patched(m)
+    assert not hfi.is_patched(a) and ml.apply_rotary_pos_emb is orig_llama
+
+
+def test_copies_of_a_patched_model_are_independent():
+    from transformers.models.llama import modeling_llama as ml
+
+    orig = ml.apply_rotary_pos_emb
+    model = _model("llama")
+    ids = _ids(2, 11)
+    want = _logits(model, ids)
+    hfi.patch(model)
+    copies = [copy.deepcopy(model), pickle.loads(pickle.dumps(model))]
+    hfi.unpatch(model)
+    assert type(model.model.rotary_emb).__name__ == "LlamaRotaryEmbedding"
+    for c in copies:
+        assert hfi.is_patched(c) and isinstance(c.model.rotary_emb, hfi.PosencRotaryEmbedding)
+        _assert_close_logits(_logits(c, ids), want)  # the copies still hold the wrapper
+    for c in copies:
+        hfi.unpatch(c)
+        assert torch.equal(_logits(c, ids), want)
+    assert ml.apply_rotary_pos_emb is orig
+
+
+def test_patching_a_submodule_then_the_whole_model_fails_clearly():
+    model = _model("llama")
+    hfi.patch(model.model)
+    with pytest.raises(ValueError, match="already patched"):
+        hfi.patch(model)
+    hfi.unpatch(model.model)
+
+
+def test_unknown_model_type_fails_clearly():
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2, n_positions=64)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    with pytest.raises(hfi.UnsupportedModelError, match="'gpt2'"):
+        hfi.patch(model)
+    with pytest.raises(NotImplementedError):
+        hfi.patch(model)
+    with pytest.raises(ValueError):
+        hfi.patch(model)
+    with pytest.raises(TypeError):
+        hfi.patch(object())
+
+
+def test_config_disagreeing_with_the_model_is_refused():
+    model = _model("llama")
+    model.config.rope_parameters["rope_theta"] = 20000.0  # the loaded module still uses 10000
+    with pytest.raises(ValueError, match="disagree"):
+        hfi.patch(model)
+    assert not hfi.is_patched(model)
+    assert type(model.model.rotary_emb).__name__ == "LlamaRotaryEmbedding"
+
+
+def test_rotary_positions_cos_sin_matches_transformers():
+    model = _model("llama-yarn")
+    pos = torch.arange(0, 120, 7)[None]
+    x = torch.zeros(1, pos.shape[1], 64)
+    cos_ref, sin_ref = model.model.rotary_emb(x, pos)
+    hfi.patch(model)
+    cos, sin = model.model.rotary_emb(x, pos)[0].cos_sin()
+    hfi.unpatch(model)
+    assert torch.allclose(cos, cos_ref, atol=1e-5) and torch.allclose(sin, sin_ref, atol=1e-5)

@@ -54,8 +54,8 @@ std::tuple<at::Tensor, at::Tensor> apply_rope(const at::Tensor& q, const at::Ten
       find_op("posenc::rope")
           .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
                                                     const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                                                    const at::Tensor&, double, bool, c10::string_view, int64_t, bool)>();
-  return op.call(q, k, positions, std::nullopt, inv_freq, attention_factor, interleaved, layout, 0, false);
+                                                    const at::Tensor&, double, bool, c10::string_view, c10::SymInt, bool)>();
+  return op.call(q, k, positions, std::nullopt, inv_freq, attention_factor, interleaved, layout, c10::SymInt(0), false);
 }
 
 }  // namespace posenc

@@ -20,10 +20,11 @@ TORCH_LIBRARY(posenc, m) {
 
   // RoPE with angles from inv_freq (rotary_dim = 2 * len(inv_freq)); k may have zero heads.
   // layout: 'bshd', 'bhsd' or 'thd'. inverse applies the transposed rotation (the backward).
+  // offset is a SymInt so a compiled decode loop does not recompile for every new position.
   m.def("rope(Tensor q, Tensor k, Tensor? positions, Tensor? cu_seqlens, Tensor inv_freq, "
-        "float attention_factor, bool interleaved, str layout, int offset, bool inverse) -> (Tensor, Tensor)", tags);
+        "float attention_factor, bool interleaved, str layout, SymInt offset, bool inverse) -> (Tensor, Tensor)", tags);
   m.def("rope_(Tensor(a!) q, Tensor(b!) k, Tensor? positions, Tensor? cu_seqlens, Tensor inv_freq, "
-        "float attention_factor, bool interleaved, str layout, int offset, bool inverse) -> ()", tags);
+        "float attention_factor, bool interleaved, str layout, SymInt offset, bool inverse) -> ()", tags);
 
   // RoPE with a given cos/sin table (transformers' convention; half-split pairs).
   m.def("rope_cos_sin(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor? positions, str layout, "

@@ -81,9 +81,9 @@ def add_sinusoidal(x: torch.Tensor, positions: Optional[torch.Tensor] = None, *,
     Differentiable with respect to x.
     """
     if positions is None:
-        positions = torch.arange(x.shape[-2], device=x.device) + int(offset)
+        positions = torch.arange(x.shape[-2], device=x.device) + offset
     elif offset:
-        positions = positions + int(offset)
+        positions = positions + offset
     return torch.ops.posenc.add_sinusoidal(x, positions, float(x_scale), float(base), bool(interleaved),
                                            float(freq_shift), float(angle_scale), bool(cos_first))
 
@@ -135,9 +135,9 @@ def _resolve_rope_args(q, k, positions, config, inv_freq, attention_factor, inte
         if config.needs_seq_len and positions is not None and positions.numel() > 0:
             seq_len = int(positions.max()) + int(offset) + 1
         elif config.needs_seq_len and cu_seqlens is not None:
-            seq_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) + int(offset)
+            seq_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) + offset
         else:
-            seq_len = q.shape[{"bshd": 1, "bhsd": 2, "thd": 0}[layout]] + int(offset)
+            seq_len = q.shape[{"bshd": 1, "bhsd": 2, "thd": 0}[layout]] + offset
         inv_freq = config.inv_freq(seq_len=seq_len).to(device=q.device)
         attention_factor = config.attention_factor
         interleaved = config.interleaved
@@ -184,7 +184,7 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Opt
     k_arg, inv_freq, attention_factor, interleaved = _resolve_rope_args(
         q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens, rotary_dim)
     q_out, k_out = torch.ops.posenc.rope(q, k_arg, positions, cu_seqlens, inv_freq, attention_factor, interleaved,
-                                         layout, int(offset), False)
+                                         layout, offset, False)
     return q_out, (k_out if k is not None else None)
 
 
@@ -199,7 +199,7 @@ def apply_rope_(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Op
     k_arg, inv_freq, attention_factor, interleaved = _resolve_rope_args(
         q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens, rotary_dim)
     torch.ops.posenc.rope_(q, k_arg, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout,
-                           int(offset), False)
+                           offset, False)
     return q, k
 
 

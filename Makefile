@@ -24,8 +24,10 @@ build: $(DEPS_STAMP)
 run: build
 	$(BIN)/posenc
 
+# Then the wheel as a user gets it: a fresh venv, torch, the wheel, `posenc` (skip: POSENC_SKIP_WHEEL_SMOKE=1).
 test: build
 	$(BIN)/python -m pytest -q tests
+	@if [ "$${POSENC_SKIP_WHEEL_SMOKE:-0}" != 1 ]; then PYTHON=$(PYTHON) bash ci/wheel_smoke.sh; fi
 
 bench: build
 	$(BIN)/python benchmarks/bench_cpu.py

@@ -1,0 +1,285 @@
+"""torch.compile, torch.export and AOTInductor with the posenc ops inside real models.
+
+A small attention block (fused qkv projection, RoPE on q/k views of it, scaled_dot_product_attention,
+out projection) and a tiny language model that also adds sinusoidal encodings to its input
+embeddings. Every check compares against the same module run eagerly on fresh random inputs.
+Shapes are tiny: inductor compiles on two CPU cores.
+"""
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch._dynamo.testing import CompileCounterWithBackend
+
+import posenc_native
+
+DEVICES = ["cpu"]
+if torch.cuda.is_available() and posenc_native.build_info()["cuda"]:
+    DEVICES.append("cuda")
+
+D_MODEL, HEADS, VOCAB = 32, 4, 64
+
+
+def default_inv_freq(dim: int, base: float = 10000.0) -> torch.Tensor:
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+
+
+class RopeAttention(nn.Module):
+    """qkv projection -> RoPE on q and k (strided views of the fused qkv) -> SDPA -> out projection."""
+
+    def __init__(self, d_model: int = D_MODEL, heads: int = HEADS, attention_factor: float = 1.0) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, d_model // heads
+        self.attention_factor = attention_factor
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+        self.register_buffer("inv_freq", default_inv_freq(self.head_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, self.head_dim).unbind(2)
+        q, k = posenc_native.apply_rope(q, k, inv_freq=self.inv_freq, attention_factor=self.attention_factor)
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.out(a.transpose(1, 2).reshape(b, s, -1))
+
+
+class TinyLM(nn.Module):
+    """Token embedding * sqrt(d) + sinusoidal encoding (fused op), then a RoPE attention block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, D_MODEL)
+        self.block = RopeAttention(attention_factor=1.1)
+        self.norm = nn.LayerNorm(D_MODEL)
+        self.head = nn.Linear(D_MODEL, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = posenc_native.add_sinusoidal(self.embed(tokens), x_scale=math.sqrt(D_MODEL))
+        h = h + self.block(h)
+        return self.head(self.norm(h))
+
+
+def make(model_name: str, device: str, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return {"attention": RopeAttention, "lm": TinyLM}[model_name]().to(device)
+
+
+def make_input(model_name: str, batch: int, seq: int, device: str) -> torch.Tensor:
+    if model_name == "lm":
+        return torch.randint(0, VOCAB, (batch, seq), device=device)
+    return torch.randn(batch, seq, D_MODEL, device=device)
+
+
+def assert_matches(actual: torch.Tensor, expected: torch.Tensor, device: str) -> None:
+    assert expected.abs().max() > 0.1  # a real output, not zeros
+    tol = 1e-6 if device == "cpu" else 1e-5
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=tol)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+# ------------------------------------------------------------------------------------------------
+# torch.compile
+
+
+@pytest.mark.parametrize("model_name", ["attention", "lm"])
+def test_no_graph_breaks(model_name):
+    model = make(model_name, "cpu")
+    explanation = torch._dynamo.explain(model)(make_input(model_name, 2, 7, "cpu"))
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+    code = explanation.graphs[0].code
+    assert "posenc.rope" in code  # the op is in the graph as one node, not traced through
+    if model_name == "lm":
+        assert "posenc.add_sinusoidal" in code
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_inductor_fullgraph_matches_eager(device):
+    from torch._inductor.utils import run_and_get_code
+
+    model = make("lm", device)
+    tokens = make_input("lm", 2, 9, device)
+    with torch.no_grad():
+        expected = model(tokens)
+        compiled = torch.compile(model, fullgraph=True)
+        actual, codes = run_and_get_code(compiled, tokens)
+    assert_matches(actual, expected, device)
+    generated = "\n".join(codes)
+    # inductor calls our kernels (extern ops), it does not replace them
+    assert "torch.ops.posenc.rope.default" in generated
+    assert "torch.ops.posenc.add_sinusoidal.default" in generated
+    # fresh inputs on the same compiled artifact
+    tokens = make_input("lm", 2, 9, device)
+    with torch.no_grad():
+        assert_matches(compiled(tokens), model(tokens), device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_inductor_dynamic_shapes_one_compile(device):
+    model = make("lm", device)
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(model, backend=counter, fullgraph=True, dynamic=True)
+    with torch.no_grad():
+        tokens = make_input("lm", 2, 5, device)
+        assert_matches(compiled(tokens), model(tokens), device)
+        compiles = counter.frame_count
+        # Sizes >= 2 (torch specializes dims of size 0 and 1 unless marked unbacked).
+        for batch, seq in ((3, 12), (2, 17), (5, 2)):
+            tokens = make_input("lm", batch, seq, device)
+            assert_matches(compiled(tokens), model(tokens), device)
+    assert counter.frame_count == compiles  # one symbolic graph serves every batch and sequence length
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_reduce_overhead(device):
+    """On CUDA this records and replays a CUDA graph; on CPU inductor skips graphs and just runs."""
+    model = make("attention", device)
+    compiled = torch.compile(model, fullgraph=True, mode="reduce-overhead")
+    with torch.no_grad():
+        for _ in range(3):  # warm-up, record, replay
+            x = make_input("attention", 2, 8, device)
+            actual = compiled(x).clone()  # CUDA-graph outputs are overwritten by the next replay
+            assert_matches(actual, model(x), device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_training_loss_curve_matches_eager(device):
+    eager = make("lm", device)
+    compiled_model = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_model, fullgraph=True)
+    # SGD: the update is linear in the gradient, so parameters stay comparable (Adam's normalisation
+    # would amplify rounding differences of near-zero gradients).
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+    opt_c = torch.optim.SGD(compiled_model.parameters(), lr=0.1, momentum=0.9)
+    g = torch.Generator().manual_seed(1)
+    losses_e, losses_c = [], []
+    for _ in range(4):
+        tokens = torch.randint(0, VOCAB, (2, 10), generator=g).to(device)
+        targets = torch.randint(0, VOCAB, (2, 10), generator=g).to(device)
+        for model, fn, opt, losses in ((eager, eager, opt_e, losses_e), (compiled_model, compiled, opt_c, losses_c)):
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(fn(tokens).flatten(0, 1), targets.flatten())
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    assert losses_e[-1] < losses_e[0]  # it trains: gradients flow through both ops
+    # CPU: inductor keeps eager's reduction order here; CUDA: generated kernels may reorder sums.
+    rtol, atol = (1e-5, 1e-6) if device == "cpu" else (1e-4, 1e-5)
+    torch.testing.assert_close(torch.tensor(losses_c), torch.tensor(losses_e), rtol=rtol, atol=atol)
+    for (name, p_c), p_e in zip(compiled_model.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p_c, p_e, rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
+
+
+def test_inplace_rope_compiles_without_breaks():
+    """Inference: apply_rope_ on q/k views of a fused qkv buffer, functionalized by torch.compile."""
+    inv_freq = default_inv_freq(8)
+
+    def rotate_in_place(qkv: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        q, k, _ = qkv.unbind(2)
+        posenc_native.apply_rope_(q, k, positions, inv_freq=inv_freq, attention_factor=1.25)
+        return qkv
+
+    qkv = torch.randn(2, 6, 3, 4, 8)
+    positions = torch.tensor([3, 9, 10, 11, 40, 41])
+    expected_q, expected_k = posenc_native.apply_rope(qkv[:, :, 0], qkv[:, :, 1], positions, inv_freq=inv_freq,
+                                                      attention_factor=1.25)
+    counter = CompileCounterWithBackend("inductor")
+    buffer = qkv.clone()
+    with torch.inference_mode():
+        torch.compile(rotate_in_place, backend=counter, fullgraph=True)(buffer, positions)
+    assert counter.frame_count == 1
+    # the caller's buffer was rotated in place, as in eager mode
+    assert_matches(buffer[:, :, 0], expected_q, "cpu")
+    assert_matches(buffer[:, :, 1], expected_k, "cpu")
+    assert torch.equal(buffer[:, :, 2], qkv[:, :, 2])  # v untouched
+
+
+def assert_decode_loop_compiles_once(step) -> None:
+    """Decode steps at cache lengths 5, 6, ...: after the second step (when torch.compile turns the
+    int into a symbol) no further compiles may happen."""
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(step, backend=counter, fullgraph=True)
+    compiles = None
+    for cache_len in range(5, 13):
+        q, k = torch.randn(1, 1, 4, 8), torch.randn(1, 1, 2, 8)
+        for a, e in zip(compiled(q, k, cache_len), step(q, k, cache_len)):
+            assert_matches(a, e, "cpu")
+        if cache_len == 6:
+            compiles = counter.frame_count
+    assert counter.frame_count == compiles, f"recompiled: {counter.frame_count} compiles for 8 steps"
+
+
+def test_decode_loop_with_position_tensor_does_not_recompile():
+    """A decode step whose positions come in as a tensor compiles once (plus one dynamic recompile)."""
+    inv_freq = default_inv_freq(8)
+
+    def step(q, k, cache_len: int):
+        positions = torch.arange(q.shape[1]) + cache_len
+        return posenc_native.apply_rope(q, k, positions, inv_freq=inv_freq)
+
+    assert_decode_loop_compiles_once(step)
+
+
+def test_decode_loop_with_int_offset_does_not_recompile():
+    inv_freq = default_inv_freq(8)
+
+    def step(q, k, cache_len: int):
+        return posenc_native.apply_rope(q, k, inv_freq=inv_freq, offset=cache_len)
+
+    assert_decode_loop_compiles_once(step)
+
+
+# ------------------------------------------------------------------------------------------------
+# torch.export and AOTInductor
+
+
+def _posenc_targets(ep) -> set[str]:
+    return {str(n.target) for n in ep.graph.nodes if n.op == "call_function" and "posenc" in str(n.target)}
+
+
+@pytest.mark.parametrize("model_name", ["attention", "lm"])
+def test_export_matches_eager(model_name, tmp_path):
+    model = make(model_name, "cpu").eval()
+    example = make_input(model_name, 2, 8, "cpu")
+    seq = torch.export.Dim("seq", min=2, max=512)
+    arg = "x" if model_name == "attention" else "tokens"
+    ep = torch.export.export(model, (example,), dynamic_shapes={arg: {1: seq}})
+    expected_ops = {"posenc.rope.default"} | ({"posenc.add_sinusoidal.default"} if model_name == "lm" else set())
+    assert _posenc_targets(ep) == expected_ops
+
+    # decompositions to the core ATen opset keep our ops as single nodes
+    decomposed = ep.run_decompositions()
+    assert _posenc_targets(decomposed) == expected_ops
+
+    path = tmp_path / "model.pt2"
+    torch.export.save(ep, path)
+    loaded = torch.export.load(path)
+    with torch.no_grad():
+        for seq_len in (8, 13, 3):  # other lengths than the example: the seq dim is symbolic
+            x = make_input(model_name, 2, seq_len, "cpu")
+            expected = model(x)
+            for program in (ep, decomposed, loaded):
+                assert_matches(program.module()(x), expected, "cpu")
+
+
+def test_aoti_package_cpu(tmp_path):
+    model = make("lm", "cpu").eval()
+    seq = torch.export.Dim("seq", min=2, max=512)
+    with torch.no_grad():
+        ep = torch.export.export(model, (make_input("lm", 2, 8, "cpu"),), dynamic_shapes={"tokens": {1: seq}})
+        package = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "lm.pt2"))
+        runner = torch._inductor.aoti_load_package(package)
+        for seq_len in (8, 21):
+            tokens = make_input("lm", 2, seq_len, "cpu")
+            assert_matches(runner(tokens), model(tokens), "cpu")

@@ -74,3 +74,20 @@ POSENC_HD void sincos_row(double position, const double* freq, int64_t n, M ampl
 }
 
 }  // namespace posenc
+
+namespace posenc {
+
+// Advances every (sin, cos) of a row from angle t_i to t_i + step_i by the angle-addition formulas
+// (a rotation by step_i, kept in float64). Consecutive positions cost a few multiply-adds instead
+// of a sin/cos each; in float64 the error grows by ~1e-16 a step, so a row computed directly every
+// few dozen steps keeps the result as exact as sincos_of.
+POSENC_HD void advance_sincos_row(double* sin_io, double* cos_io, const double* step_sin, const double* step_cos,
+                                  int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double s = sin_io[i], c = cos_io[i];
+    sin_io[i] = s * step_cos[i] + c * step_sin[i];
+    cos_io[i] = c * step_cos[i] - s * step_sin[i];
+  }
+}
+
+}  // namespace posenc

@@ -2,10 +2,11 @@
 #pragma once
 #include "host/backend.h"
 
-// The hot loops are compiled twice, for baseline x86-64 and for AVX2+FMA (Haswell and newer), and
-// the CPU picks at load time; elsewhere they are compiled once.
+// The hot loops are compiled twice, for baseline x86-64 and for AVX2, and
+// the CPU picks at load time; elsewhere they are compiled once. `flatten` inlines the helpers into
+// each clone, so they are compiled for its instruction set too (an arch= clone could not inline them).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define POSENC_CPU_CLONES __attribute__((target_clones("default", "arch=haswell")))
+#define POSENC_CPU_CLONES __attribute__((target_clones("default", "avx2"), flatten))
 #else
 #define POSENC_CPU_CLONES
 #endif

@@ -99,7 +99,9 @@ at::Tensor add_sinusoidal_op(const at::Tensor& x, const at::Tensor& positions_in
   SinusoidalProblem p;
   p.params = sinusoidal_params(op, dim, base, interleaved, freq_shift, angle_scale, cos_first);
   const at::Tensor positions = sinusoidal_positions(op, positions_in);
-  at::Tensor out = at::empty_like(x);
+  // x's layout when its last dim is contiguous (dense x keeps its strides), else row-major:
+  // the kernels write rows with a contiguous last dim. ops.py's fake kernel mirrors this rule.
+  at::Tensor out = x.stride(-1) == 1 ? at::empty_like(x) : at::empty(x.sizes(), x.options());
   if (out.numel() == 0) return out;
   p.batch = batch;
   p.seq = seq;
@@ -113,8 +115,6 @@ at::Tensor add_sinusoidal_op(const at::Tensor& x, const at::Tensor& positions_in
   p.x_stride_d = x.stride(-1);
   p.x_scale = x_scale;
   p.out = out.data_ptr();
-  // empty_like keeps x's strides when x is dense; the kernels need out's last dim contiguous.
-  TORCH_INTERNAL_ASSERT(out.stride(-1) == 1 || dim == 1);
   p.out_stride_b = out.dim() == 3 ? out.stride(0) : 0;
   p.out_stride_s = out.stride(-2);
   run(p, x.scalar_type());

@@ -98,7 +98,10 @@ def _sinusoidal_table_fake(positions, dim, base, interleaved, freq_shift, angle_
 @torch.library.register_fake("posenc::add_sinusoidal")
 def _add_sinusoidal_fake(x, positions, x_scale, base, interleaved, freq_shift, angle_scale, cos_first):
     torch._check(x.dim() in (2, 3), lambda: f"posenc.add_sinusoidal: x must be 2-D or 3-D, got {x.dim()}-D")
-    return torch.empty_like(x)
+    torch._check(positions.device == x.device, lambda: "posenc.add_sinusoidal: positions must be on the same "
+                 f"device as x ({x.device}), got {positions.device}")
+    # Same layout rule as the C++ op: x's strides when its last dim is contiguous, else row-major.
+    return torch.empty_like(x) if x.stride(-1) == 1 else x.new_empty(x.shape)
 
 
 def _add_sinusoidal_setup(ctx, inputs, output):

@@ -64,7 +64,8 @@ namespace posenc {
 // sin/cos (times `amplitude`) of position * freq[i] for i in [0, n): one row of angles. A plain loop
 // with no branches, so the compiler vectorizes it on the CPU.
 template <typename M>
-POSENC_HD void sincos_row(double position, const double* freq, int64_t n, M amplitude, M* sin_out, M* cos_out) {
+POSENC_HD void sincos_row(double position, const double* __restrict__ freq, int64_t n, M amplitude,
+                          M* __restrict__ sin_out, M* __restrict__ cos_out) {
   for (int64_t i = 0; i < n; ++i) {
     M s, c;
     sincos_of<M>(position * freq[i], s, c);
@@ -78,15 +79,24 @@ POSENC_HD void sincos_row(double position, const double* freq, int64_t n, M ampl
 namespace posenc {
 
 // Advances every (sin, cos) of a row from angle t_i to t_i + step_i by the angle-addition formulas
-// (a rotation by step_i, kept in float64). Consecutive positions cost a few multiply-adds instead
-// of a sin/cos each; in float64 the error grows by ~1e-16 a step, so a row computed directly every
-// few dozen steps keeps the result as exact as sincos_of.
-POSENC_HD void advance_sincos_row(double* sin_io, double* cos_io, const double* step_sin, const double* step_cos,
-                                  int64_t n) {
+// (a rotation by step_i, kept in float64); with kWriteMath also writes them times `amplitude` in
+// the math type. Consecutive positions cost a few multiply-adds instead of a sin/cos each; in
+// float64 the error grows by ~1e-16 a step, so a row computed directly every few dozen steps keeps
+// the result as exact as sincos_of.
+template <bool kWriteMath, typename M>
+POSENC_HD void advance_sincos_row(double* __restrict__ sin_state, double* __restrict__ cos_state,
+                                  const double* __restrict__ step_sin, const double* __restrict__ step_cos, int64_t n,
+                                  M amplitude, M* __restrict__ sin_out, M* __restrict__ cos_out) {
   for (int64_t i = 0; i < n; ++i) {
-    const double s = sin_io[i], c = cos_io[i];
-    sin_io[i] = s * step_cos[i] + c * step_sin[i];
-    cos_io[i] = c * step_cos[i] - s * step_sin[i];
+    const double s = sin_state[i], c = cos_state[i];
+    const double s2 = s * step_cos[i] + c * step_sin[i];
+    const double c2 = c * step_cos[i] - s * step_sin[i];
+    sin_state[i] = s2;
+    cos_state[i] = c2;
+    if constexpr (kWriteMath) {
+      sin_out[i] = static_cast<M>(s2) * amplitude;
+      cos_out[i] = static_cast<M>(c2) * amplitude;
+    }
   }
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cpu/kernels.h"
+#include "cpu/sincos_stream.h"
 
 namespace posenc::cpu {
 namespace {
@@ -24,31 +25,38 @@ void rotate_heads(const RopeProblem& p, const RopeOperand& o, int64_t b, int64_t
   }
 }
 
-// Tokens [begin, end): per token the cos/sin of every pair (c1, s1; and c2, s2 for a given table,
-// whose two halves may differ), then every q and k head rotated with them.
+// Tokens [begin, end): per token the cos/sin of every pair, then every q and k head rotated with them.
 template <typename T, bool kInterleaved, bool kInverse>
 POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, int64_t begin, int64_t end) {
   using M = math_t<T>;
   const int64_t pairs = p.pairs();
+  if (p.inv_freq) {  // angles from frequencies, once per token, advanced along consecutive positions
+    SinCosStream<M> angles(p.inv_freq, pairs, static_cast<M>(p.attention_factor));
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t b = t / p.seq, s = t % p.seq;
+      angles.at(static_cast<double>(p.position(b, s)));
+      const M* c = angles.cos();
+      const M* sn = angles.sin();
+      rotate_heads<kInterleaved, kInverse, T>(p, p.q, b, s, c, sn, c, sn);
+      rotate_heads<kInterleaved, kInverse, T>(p, p.k, b, s, c, sn, c, sn);
+    }
+    return;
+  }
+  // A given cos/sin table: c1/s1 at first(i), c2/s2 at second(i) (the two halves may differ).
   std::vector<M> buf(4 * pairs);
   M* c1 = buf.data();
   M* s1 = c1 + pairs;
-  M* c2 = p.inv_freq ? c1 : s1 + pairs;
-  M* s2 = p.inv_freq ? s1 : c2 + pairs;
+  M* c2 = s1 + pairs;
+  M* s2 = c2 + pairs;
   for (int64_t t = begin; t < end; ++t) {
     const int64_t b = t / p.seq, s = t % p.seq;
-    if (p.inv_freq) {
-      sincos_row<M>(static_cast<double>(p.position(b, s)), p.inv_freq, pairs, static_cast<M>(p.attention_factor), s1,
-                    c1);
-    } else {
-      const int64_t row = p.cos_sin_row(b, s);
-      for (int64_t i = 0; i < pairs; ++i) {
-        const PairFactors<M> f = factors_from_table<M, T>(p, row, i);
-        c1[i] = f.c1;
-        s1[i] = f.s1;
-        c2[i] = f.c2;
-        s2[i] = f.s2;
-      }
+    const int64_t row = p.cos_sin_row(b, s);
+    for (int64_t i = 0; i < pairs; ++i) {
+      const PairFactors<M> f = factors_from_table<M, T>(p, row, i);
+      c1[i] = f.c1;
+      s1[i] = f.s1;
+      c2[i] = f.c2;
+      s2[i] = f.s2;
     }
     rotate_heads<kInterleaved, kInverse, T>(p, p.q, b, s, c1, s1, c2, s2);
     rotate_heads<kInterleaved, kInverse, T>(p, p.k, b, s, c1, s1, c2, s2);

@@ -6,13 +6,13 @@
 #include <vector>
 
 #include "cpu/kernels.h"
+#include "cpu/sincos_stream.h"
 
 namespace posenc::cpu {
 namespace {
 
 // Writes one encoding row in the requested layout: out[first_col(i)] = first[i], out[second_col(i)] =
-// second[i], and a zero last column for odd dims. first/second are float64 (the recurrence state)
-// or the math type (a directly computed row).
+// second[i], and a zero last column for odd dims. first/second are in the math type, or float64.
 template <bool kInterleaved, typename T, typename S>
 void write_encoding(T* __restrict__ out, const S* first, const S* second, int64_t half, int64_t dim) {
   using M = math_t<T>;
@@ -31,31 +31,31 @@ void add_encoding(T* __restrict__ out, const T* x, int64_t x_stride, M x_scale, 
   for (int64_t d = 0; d < dim; ++d) out[d] = from_math<T>(to_math<M>(x[d * x_stride]) * x_scale + pe[d]);
 }
 
-// Units [begin, end): unit u is (position row pb, s). Per unit one vectorized pass forms the sin/cos
-// of every pair; the table op writes them out, add_sinusoidal lays them out once in a row buffer and
-// adds it to every x row with these positions (all batch rows when positions are [S]).
-// A position equal to the previous unit's + 1 (the usual arange) is advanced from the previous one
-// by a rotation (advance_sincos_row); every kDirectEvery-th unit is computed directly.
+// Units [begin, end): unit u is (position row pb, s). The table op writes each unit's encoding
+// row directly; add_sinusoidal lays a block of them out in pe_rows, then streams through x batch
+// row by batch row (every batch row when positions are [S]), so memory moves in long runs.
 template <typename T>
 POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double* freq, int64_t begin, int64_t end) {
   using M = math_t<T>;
-  constexpr int kDirectEvery = 64;
   constexpr int64_t kBlock = 16;
   const SinusoidalParams& prm = p.params;
   const int64_t half = prm.half, dim = prm.dim;
-  std::vector<M> sin_buf(half), cos_buf(half), pe_rows(p.x ? kBlock * dim : 0);
-  std::vector<double> sin_state(half), cos_state(half), step_sin(half), step_cos(half);
-  for (int64_t i = 0; i < half; ++i) {
-    step_sin[i] = std::sin(freq[i]);
-    step_cos[i] = std::cos(freq[i]);
-  }
-  const auto write = [&](auto* out, const auto* sin_v, const auto* cos_v) {
+  SinCosStream<M> angles(freq, half, M(1));
+  std::vector<M> pe_rows(p.x ? kBlock * dim : 0);
+  const auto encode_from = [&](auto* out, const auto* sin_v, const auto* cos_v) {
     const auto* first = prm.cos_first ? cos_v : sin_v;
     const auto* second = prm.cos_first ? sin_v : cos_v;
     if (prm.interleaved) {
       write_encoding<true>(out, first, second, half, dim);
     } else {
       write_encoding<false>(out, first, second, half, dim);
+    }
+  };
+  const auto encode = [&](auto* out) {
+    if (angles.from_state()) {
+      encode_from(out, angles.state_sin(), angles.state_cos());
+    } else {
+      encode_from(out, angles.sin(), angles.cos());
     }
   };
   const auto add_row = [&](int64_t b, int64_t s, const M* pe) {
@@ -67,41 +67,19 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
       add_encoding(out, x, p.x_stride_d, static_cast<M>(p.x_scale), pe, dim);
     }
   };
-  const bool shared = p.pos_stride_b == 0;
-  double previous = 0;
-  int since_direct = kDirectEvery;
-  // Blocks of kBlock units: encode them, then (add_sinusoidal) stream through x batch row by batch
-  // row, so memory is read and written in long runs.
   for (int64_t block = begin; block < end; block += kBlock) {
     const int64_t n = std::min<int64_t>(kBlock, end - block);
     for (int64_t j = 0; j < n; ++j) {
       const int64_t pb = (block + j) / p.seq, s = (block + j) % p.seq;
-      const double position = p.position(pb, s);
-      const bool from_state = since_direct < kDirectEvery && position == previous + 1.0;
-      if (from_state) {
-        advance_sincos_row(sin_state.data(), cos_state.data(), step_sin.data(), step_cos.data(), half);
-        ++since_direct;
-      } else {
-        sincos_row<M>(position, freq, half, M(1), sin_buf.data(), cos_buf.data());
-        for (int64_t i = 0; i < half; ++i) {
-          sin_state[i] = sin_buf[i];
-          cos_state[i] = cos_buf[i];
-        }
-        since_direct = 0;
-      }
-      previous = position;
-      // The table (batch 1) is written directly; add_sinusoidal lays the row out in pe_rows.
-      const auto encode = [&](auto* dst) {
-        from_state ? write(dst, sin_state.data(), cos_state.data()) : write(dst, sin_buf.data(), cos_buf.data());
-      };
+      angles.at(p.position(pb, s), /*math_rows=*/false);
       if (p.x) {
         encode(pe_rows.data() + j * dim);
       } else {
-        encode(static_cast<T*>(p.out) + s * p.out_stride_s);
+        encode(static_cast<T*>(p.out) + s * p.out_stride_s);  // the table: batch 1
       }
     }
     if (!p.x) continue;
-    if (shared) {
+    if (p.pos_stride_b == 0) {
       for (int64_t b = 0; b < p.batch; ++b) {
         for (int64_t j = 0; j < n; ++j) add_row(b, (block + j) % p.seq, pe_rows.data() + j * dim);
       }

@@ -1,0 +1,366 @@
+#!/usr/bin/env python
+"""CPU benchmark of posenc-native against the pure-PyTorch code it replaces.
+
+    python benchmarks/bench_cpu.py                 # full sizes (a few minutes on 2 cores)
+    python benchmarks/bench_cpu.py --quick         # small sizes: a smoke test, numbers mean little
+    python benchmarks/bench_cpu.py --only rope     # one section: sinusoidal | rope
+    python benchmarks/bench_cpu.py --threads 1     # one thread (steadier on a shared machine)
+    python benchmarks/bench_cpu.py --malloc system # let large outputs pay first-touch page faults
+
+Every number is the median wall time of several repeats after warm-up, measured in this one run, so
+the ratios compare like with like on this machine. Each row is (name, ours, baseline, ratio = ours /
+baseline, goal); a goal reads PASS or MISS. A section is one function returning rows: add one by
+writing another ``section_*`` function and listing it in SECTIONS.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+import posenc_native as pn
+
+
+# --------------------------------------------------------------------------------------------
+# Measuring
+
+
+@dataclass
+class Settings:
+    quick: bool
+    warmup: int
+    repeat: int
+    min_time: float
+    compile: bool
+
+
+def bench(fn: Callable[[], object], settings: Settings) -> float:
+    """Median wall time of fn() in milliseconds, after warm-up: at least ``repeat`` calls, and more
+    (up to 100) until ``min_time`` seconds are spent, so short calls are not at the mercy of one
+    scheduler hiccup."""
+    for _ in range(settings.warmup):
+        fn()
+    times: list[float] = []
+    while len(times) < settings.repeat or (sum(times) < settings.min_time and len(times) < 100):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+@dataclass
+class Goal:
+    """ours / baseline must be <= limit (a "3x faster" goal is limit 1/3)."""
+    limit: float
+    text: str
+
+    def verdict(self, ratio: float) -> str:
+        return "PASS" if ratio <= self.limit else "MISS"
+
+
+@dataclass
+class Row:
+    name: str
+    ours_ms: float
+    baseline_name: str
+    baseline_ms: Optional[float]
+    goal: Optional[Goal] = None
+
+    @property
+    def ratio(self) -> Optional[float]:
+        return None if self.baseline_ms is None else self.ours_ms / self.baseline_ms
+
+
+def rel_err(out: torch.Tensor, truth: torch.Tensor) -> float:
+    out, truth = out.double(), truth.double()
+    return float((out - truth).norm() / truth.norm().clamp_min(1e-300))
+
+
+def check(label: str, out: torch.Tensor, truth: torch.Tensor, tol: float) -> None:
+    """Sanity check before timing: we time the same computation as the baseline."""
+    err = rel_err(out, truth)
+    if not err <= tol:
+        raise SystemExit(f"bench_cpu: {label}: ours and the baseline disagree (rel error {err:.2e} > {tol:.0e})")
+
+
+# --------------------------------------------------------------------------------------------
+# Sinusoidal
+
+
+def seed_sinusoidal_table(max_len: int, d: int) -> torch.Tensor:
+    """The seed article's construction, verbatim."""
+    pe = torch.zeros(max_len, d)
+    position = torch.arange(0, max_len).unsqueeze(1).float()
+    div_term = torch.exp(torch.arange(0, d, 2).float() * (-math.log(10000.0) / d))
+    pe[:, 0::2] = torch.sin(position * div_term)
+    pe[:, 1::2] = torch.cos(position * div_term)
+    return pe
+
+
+def section_sinusoidal(s: Settings) -> list[Row]:
+    L, d = (2048, 256) if s.quick else (32768, 1024)
+    B, S, D = (2, 512, 256) if s.quick else (8, 4096, 1024)
+    rows = []
+
+    # The seed forms its angles in float32 (errors up to ~L * 6e-8 rad), hence the loose check.
+    check("sinusoidal_table vs seed", pn.sinusoidal_table(L, d), seed_sinusoidal_table(L, d), 1e-3)
+    ours = bench(lambda: pn.sinusoidal_table(L, d), s)
+    seed = bench(lambda: seed_sinusoidal_table(L, d), s)
+    fill = bench(lambda: torch.empty(L, d).fill_(0.5), s)
+    name = f"sinusoidal_table L={L} d={d} fp32"
+    rows.append(Row(name, ours, "seed pure-PyTorch table", seed, Goal(1 / 3, ">= 3x faster")))
+    rows.append(Row(name, ours, "torch.empty + fill_", fill, Goal(1.5, "<= 1.5x")))
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(B, S, D, generator=g)
+    pe = pn.sinusoidal_table(S, D).unsqueeze(0)  # precomputed, as the seed module's buffer
+    check("add_sinusoidal vs x + pe", pn.add_sinusoidal(x), x + pe[:, :S], 1e-6)
+    ours = bench(lambda: pn.add_sinusoidal(x), s)
+    eager = bench(lambda: x + pe[:, :S], s)
+    copy = bench(lambda: x.clone(), s)
+    name = f"add_sinusoidal x=[{B},{S},{D}] fp32"
+    rows.append(Row(name, ours, "eager x + pe[:, :S]", eager))
+    rows.append(Row(name, ours, "x.clone()", copy, Goal(1.3, "<= 1.3x")))
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# RoPE
+
+
+def default_inv_freq(head_dim: int, base: float = 10000.0) -> torch.Tensor:
+    return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+
+
+def yarn_inline(head_dim: int, base: float, factor: float, original: int, beta_fast: float = 32.0,
+                beta_slow: float = 1.0) -> tuple[torch.Tensor, float]:
+    """YaRN frequencies and attention factor, DESIGN.md section 3, in float64."""
+    d = head_dim
+    inv = default_inv_freq(d, base)
+
+    def cdim(r: float) -> float:
+        return d * math.log(original / (2 * math.pi * r)) / (2 * math.log(base))
+
+    lo, hi = math.floor(cdim(beta_fast)), math.ceil(cdim(beta_slow))
+    lo, hi = max(lo, 0), min(hi, d - 1)
+    if lo == hi:
+        hi += 0.001
+    i = torch.arange(d // 2, dtype=torch.float64)
+    ramp = ((i - lo) / (hi - lo)).clamp(0, 1)
+    inv = (inv / factor) * ramp + inv * (1 - ramp)
+    return inv, 0.1 * math.log(factor) + 1.0
+
+
+def yarn_params(head_dim: int, base: float, factor: float, original: int) -> tuple[torch.Tensor, float, str]:
+    """From posenc_native.RopeConfig when it supports YaRN (checked against the formula), else inline."""
+    inv_ref, att_ref = yarn_inline(head_dim, base, factor, original)
+    try:
+        cfg = pn.RopeConfig(head_dim=head_dim, base=base, max_position_embeddings=int(original * factor),
+                            scaling={"rope_type": "yarn", "factor": factor,
+                                     "original_max_position_embeddings": original})
+        inv, att = cfg.inv_freq().to(torch.float64), float(cfg.attention_factor)
+    except (TypeError, ValueError, AttributeError):  # a RopeConfig without scaling support yet
+        return inv_ref, att_ref, "inline (DESIGN.md section 3)"
+    if inv.shape != inv_ref.shape or not torch.allclose(inv, inv_ref, rtol=1e-12) or abs(att - att_ref) > 1e-12:
+        raise SystemExit("bench_cpu: RopeConfig's YaRN disagrees with DESIGN.md section 3")
+    return inv, att, "posenc_native.RopeConfig"
+
+
+def hf_cos_sin(x: torch.Tensor, position_ids: torch.Tensor, inv_freq: torch.Tensor, attention_scaling):
+    """cos/sin as transformers' LlamaRotaryEmbedding builds them (float32 math, cast to x's dtype)."""
+    inv_freq_expanded = inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1)
+    position_ids_expanded = position_ids[:, None, :].float()
+    freqs = (inv_freq_expanded @ position_ids_expanded).transpose(1, 2)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos = emb.cos() * attention_scaling
+    sin = emb.sin() * attention_scaling
+    return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+
+
+def section_rope(s: Settings) -> list[Row]:
+    try:
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_apply
+    except ImportError:
+        hf_apply = None
+        print("note: transformers is not installed: no eager/compiled baselines")
+
+    B, S, Hq, Hk, D = (1, 256, 8, 2, 64) if s.quick else (1, 4096, 32, 8, 128)
+    base = 10000.0
+    yarn_inv, yarn_att, yarn_source = yarn_params(D, base, factor=4.0, original=4096)
+    print(f"YaRN inv_freq and attention factor ({yarn_att:.6f}) from {yarn_source}")
+    schemes = [("default", default_inv_freq(D, base), 1.0), ("yarn x4", yarn_inv, yarn_att)]
+    rows = []
+    g = torch.Generator().manual_seed(1)
+    position_ids = torch.arange(S)[None, :].expand(B, S)
+
+    def eager_path(q, k, inv_freq, scaling):
+        # transformers' layout [B, H, S, D]: transposed views of our [B, S, H, D] tensors.
+        qt, kt = q.transpose(1, 2), k.transpose(1, 2)
+        cos, sin = hf_cos_sin(qt, position_ids, inv_freq, scaling)
+        return hf_apply(qt, kt, cos, sin)
+
+    compiled_path = torch.compile(eager_path, dynamic=False) if (hf_apply and s.compile) else None
+
+    for dtype in (torch.float32, torch.bfloat16):
+        q = torch.randn(B, S, Hq, D, generator=g).to(dtype)
+        k = torch.randn(B, S, Hk, D, generator=g).to(dtype)
+        tol = 1e-5 if dtype == torch.float32 else 1e-2
+        dt = str(dtype).replace("torch.", "")
+        clone = bench(lambda: (q.clone(), k.clone()), s)
+        for scheme, inv_freq, att in schemes:
+            inv32 = inv_freq.float()
+            scaling = torch.tensor(att, dtype=torch.float32)  # a tensor: no recompile per scheme
+            name = f"rope {scheme} q=[{B},{S},{Hq},{D}] k=[..,{Hk},..] {dt}"
+
+            def ours_oop():
+                return pn.apply_rope(q, k, inv_freq=inv_freq, attention_factor=att)
+
+            qi, ki = q.clone(), k.clone()
+
+            def ours_inplace():
+                return pn.apply_rope_(qi, ki, inv_freq=inv_freq, attention_factor=att)
+
+            oop = bench(ours_oop, s)
+            inplace = bench(ours_inplace, s)
+            rows.append(Row(name + " in-place", inplace, "q.clone(); k.clone()", clone, Goal(1.0, "<= 1.0x")))
+            rows.append(Row(name + " out-of-place", oop, "q.clone(); k.clone()", clone, Goal(1.3, "<= 1.3x")))
+            if hf_apply is None:
+                continue
+            hq, hk = eager_path(q, k, inv32, scaling)
+            oq, ok = ours_oop()
+            check(f"{name} vs transformers (q)", oq.transpose(1, 2), hq, 10 * tol)
+            check(f"{name} vs transformers (k)", ok.transpose(1, 2), hk, 10 * tol)
+            eager = bench(lambda: eager_path(q, k, inv32, scaling), s)
+            rows.append(Row(name + " out-of-place", oop, "transformers eager", eager))
+            if compiled_path is not None:
+                compiled = bench(lambda: compiled_path(q, k, inv32, scaling), s)
+                rows.append(Row(name + " out-of-place", oop, "torch.compile(transformers)", compiled,
+                                Goal(0.5, ">= 2x faster")))
+                rows.append(Row(name + " in-place", inplace, "torch.compile(transformers)", compiled,
+                                Goal(0.5, ">= 2x faster")))
+    return rows
+
+
+SECTIONS: dict[str, Callable[[Settings], list[Row]]] = {
+    "sinusoidal": section_sinusoidal,
+    "rope": section_rope,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def print_table(rows: list[Row]) -> None:
+    headers = ("benchmark", "ours ms", "baseline", "baseline ms", "ratio", "goal", "")
+    cells = []
+    for r in rows:
+        ratio = r.ratio
+        cells.append((
+            r.name,
+            f"{r.ours_ms:.3f}",
+            r.baseline_name,
+            "n/a" if r.baseline_ms is None else f"{r.baseline_ms:.3f}",
+            "n/a" if ratio is None else f"{ratio:.2f}x",
+            r.goal.text if r.goal else "",
+            r.goal.verdict(ratio) if (r.goal and ratio is not None) else "",
+        ))
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    right = {1, 3, 4}
+
+    def fmt(row):
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+
+    print(fmt(headers))
+    print(fmt(["-" * w for w in widths]))
+    for c in cells:
+        print(fmt(c))
+
+
+def steady_malloc() -> str:
+    """Keep glibc from returning large blocks to the OS between calls.
+
+    By default glibc serves blocks above its (dynamic, at most 32 MiB) mmap threshold with fresh
+    mmaps, so each call of an op that allocates a large output pays first-touch page faults (on a VM
+    they can cost more than the op itself), and whether a 30 MiB tensor pays them depends on what was
+    freed before. Raising the thresholds makes every allocation a reuse after warm-up, as a caching
+    allocator would: the numbers then measure the kernels and are reproducible. ``--malloc system``
+    keeps glibc's behaviour.
+    """
+    name = ctypes.util.find_library("c")
+    if not name or platform.libc_ver()[0] != "glibc":
+        return "system allocator (not glibc)"
+    libc = ctypes.CDLL(name)
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    ok = libc.mallopt(m_mmap_threshold, 1 << 30) == 1 and libc.mallopt(m_trim_threshold, (1 << 31) - 1) == 1
+    return "glibc, mmap/trim thresholds raised (steady-state reuse, no first-touch faults)" if ok else "glibc (mallopt failed)"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (a smoke test)")
+    parser.add_argument("--only", choices=sorted(SECTIONS), help="run one section")
+    parser.add_argument("--repeat", type=int, help="timed repeats per measurement (median is reported)")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    parser.add_argument("--malloc", choices=["steady", "system"], default="steady",
+                        help="steady (default): large blocks are reused between calls; system: glibc's own "
+                             "policy (large outputs pay page faults on each call)")
+    args = parser.parse_args(argv)
+    allocator = steady_malloc() if args.malloc == "steady" else "glibc defaults (--malloc system)"
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    settings = Settings(quick=args.quick, warmup=1 if args.quick else 2,
+                        repeat=args.repeat or (3 if args.quick else 7), min_time=0.05 if args.quick else 0.5,
+                        compile=not args.no_compile)
+
+    command = " ".join(["python", os.path.relpath(__file__)] + (sys.argv[1:] if argv is None else argv))
+    info = pn.build_info()
+    print("posenc-native CPU benchmark" + (" (--quick: smoke-test sizes)" if args.quick else ""))
+    print(f"command:  {command}")
+    load = f", load average {os.getloadavg()[0]:.2f} at start" if hasattr(os, "getloadavg") else ""
+    print(f"machine:  {cpu_model()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}{load}")
+    print(f"software: python {platform.python_version()}, torch {torch.__version__}, posenc-native {info['version']} "
+          f"({info['cxx_compiler']})")
+    print(f"malloc:   {allocator}")
+    print(f"timing:   median of >= {settings.repeat} calls (and >= {settings.min_time} s) after {settings.warmup} "
+          "warm-up; ratio = ours / baseline")
+    print()
+    start = time.perf_counter()
+    rows: list[Row] = []
+    for name, section in SECTIONS.items():
+        if args.only and name != args.only:
+            continue
+        rows.extend(section(settings))
+    print()
+    print_table(rows)
+    verdicts = [r.goal.verdict(r.ratio) for r in rows if r.goal and r.ratio is not None]
+    print()
+    print(f"{verdicts.count('PASS')} goals met, {verdicts.count('MISS')} missed; "
+          f"{time.perf_counter() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

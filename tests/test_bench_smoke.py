@@ -1,0 +1,60 @@
+"""benchmarks/bench_cpu.py --quick runs and prints its table (speed is not asserted here)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_cpu.py"
+
+
+def run_bench(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    return subprocess.run([sys.executable, str(BENCH), "--quick", *args], capture_output=True, text=True,
+                          timeout=600, env=env)
+
+
+def table_rows(stdout: str) -> list[str]:
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("benchmark") and "ratio" in line)
+    assert set(lines[start + 1].replace(" ", "")) == {"-"}
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.strip():
+            break
+        rows.append(line)
+    return rows
+
+
+@pytest.mark.skipif(not BENCH.exists(), reason="benchmarks/ not in this tree")
+def test_bench_quick_sinusoidal():
+    proc = run_bench("--only", "sinusoidal")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "command:  python benchmarks/bench_cpu.py --quick --only sinusoidal" in out
+    assert "machine:" in out and "cores" in out and "torch threads" in out
+    rows = table_rows(out)
+    names = " ".join(rows)
+    for what in ("sinusoidal_table", "seed pure-PyTorch table", "torch.empty + fill_", "add_sinusoidal",
+                 "eager x + pe[:, :S]", "x.clone()"):
+        assert what in names, f"{what!r} missing from the table:\n{out}"
+    assert not any(r.startswith("rope") for r in rows)
+    assert sum(r.rstrip().endswith(("PASS", "MISS")) for r in rows) == 3
+    assert "goals met" in out
+
+
+@pytest.mark.skipif(not BENCH.exists(), reason="benchmarks/ not in this tree")
+def test_bench_quick_rope():
+    pytest.importorskip("transformers")
+    # The compiled baseline is skipped here: inductor's C++ compile would dominate a smoke test.
+    proc = run_bench("--only", "rope", "--no-compile")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = table_rows(proc.stdout)
+    names = " ".join(rows)
+    for what in ("rope default", "rope yarn", "in-place", "out-of-place", "q.clone(); k.clone()", "transformers eager",
+                 "float32", "bfloat16"):
+        assert what in names, f"{what!r} missing from the table:\n{proc.stdout}"
+    assert not any(r.startswith("sinusoidal") for r in rows)

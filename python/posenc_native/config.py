@@ -178,8 +178,30 @@ class DynamicNTKScaling(RopeScaling):
         return _default_inv(base, d)
 
 
+class _ExtendedContext:
+    """For the schemes that extend an original context (YaRN, LongRoPE): Lo and the factor, which
+    default to max_position_embeddings and max_position_embeddings / Lo as in transformers."""
+
+    def original_max(self, cfg: "RopeConfig") -> int:
+        lo = self.original_max_position_embeddings
+        if lo is None:
+            lo = cfg.max_position_embeddings
+        if lo is None:
+            raise ValueError(f"{self.rope_type} rope: 'original_max_position_embeddings' is required "
+                             "(or max_position_embeddings, its default)")
+        return int(lo)
+
+    def resolved_factor(self, cfg: "RopeConfig") -> float:
+        if self.factor is not None:
+            return float(self.factor)
+        if cfg.max_position_embeddings is None:
+            raise ValueError(f"{self.rope_type} rope: 'factor' is required (or max_position_embeddings, to derive "
+                             "it as max_position_embeddings / original_max_position_embeddings)")
+        return cfg.max_position_embeddings / self.original_max(cfg)
+
+
 @dataclass(frozen=True)
-class YarnScaling(RopeScaling):
+class YarnScaling(_ExtendedContext, RopeScaling):
     """YaRN (Peng et al. 2023), as transformers computes it.
 
     ``cdim(r) = d*ln(Lo/(2*pi*r)) / (2*ln(base))``; ``lo = cdim(beta_fast)``, ``hi = cdim(beta_slow)``,
@@ -204,23 +226,6 @@ class YarnScaling(RopeScaling):
     attention_factor: Optional[float] = None
     truncate: bool = True
     rope_type: ClassVar[str] = "yarn"
-
-    def original_max(self, cfg: "RopeConfig") -> int:
-        lo = self.original_max_position_embeddings
-        if lo is None:
-            lo = cfg.max_position_embeddings
-        if lo is None:
-            raise ValueError("yarn rope: 'original_max_position_embeddings' is required "
-                             "(or max_position_embeddings, its default)")
-        return int(lo)
-
-    def resolved_factor(self, cfg: "RopeConfig") -> float:
-        if self.factor is not None:
-            return float(self.factor)
-        if cfg.max_position_embeddings is None:
-            raise ValueError("yarn rope: 'factor' is required (or max_position_embeddings, to derive it as "
-                             "max_position_embeddings / original_max_position_embeddings)")
-        return cfg.max_position_embeddings / self.original_max(cfg)
 
     def validate(self, cfg: "RopeConfig") -> None:
         _check_factor(self.rope_type, self.factor)
@@ -268,7 +273,7 @@ class YarnScaling(RopeScaling):
 
 
 @dataclass(frozen=True)
-class LongRopeScaling(RopeScaling):
+class LongRopeScaling(_ExtendedContext, RopeScaling):
     """LongRoPE (Phi-3): ``inv_i = 1 / (ext_i * base^(2i/d))``.
 
     ``ext`` is ``long_factor`` when ``seq_len > original_max_position_embeddings`` else
@@ -288,23 +293,6 @@ class LongRopeScaling(RopeScaling):
         # tuples keep the dataclass hashable and immutable
         object.__setattr__(self, "short_factor", tuple(float(x) for x in self.short_factor))
         object.__setattr__(self, "long_factor", tuple(float(x) for x in self.long_factor))
-
-    def original_max(self, cfg: "RopeConfig") -> int:
-        lo = self.original_max_position_embeddings
-        if lo is None:
-            lo = cfg.max_position_embeddings
-        if lo is None:
-            raise ValueError("longrope rope: 'original_max_position_embeddings' is required "
-                             "(or max_position_embeddings, its default)")
-        return int(lo)
-
-    def resolved_factor(self, cfg: "RopeConfig") -> float:
-        if self.factor is not None:
-            return float(self.factor)
-        if cfg.max_position_embeddings is None:
-            raise ValueError("longrope rope: 'factor' is required (or max_position_embeddings, to derive it as "
-                             "max_position_embeddings / original_max_position_embeddings)")
-        return cfg.max_position_embeddings / self.original_max(cfg)
 
     def validate(self, cfg: "RopeConfig") -> None:
         n = cfg.rotary_dim // 2

@@ -379,3 +379,36 @@ def test_rotary_embedding_module_matches_reference():
     inv = cfg.inv_freq()
     assert rel_err(q_out, ref_rotate(q, "bshd", pos, inv, cfg.attention_factor, cfg.interleaved)) <= 1e-5
     assert rel_err(k_out, ref_rotate(k, "bshd", pos, inv, cfg.attention_factor, cfg.interleaved)) <= 1e-5
+
+
+def _preset_configs():
+    """Every scaling type, from the built-in presets (per-layer ones by layer type) plus linear."""
+    from posenc_native.config import PRESETS, RopeConfig, hf_layer_types
+
+    out = []
+    for name, hf in PRESETS.items():
+        for layer_type in (hf_layer_types(hf) or [None]):
+            out.append((f"{name}/{layer_type}" if layer_type else name, RopeConfig.from_hf(hf, layer_type=layer_type)))
+    out.append(("linear", RopeConfig.from_hf({"hidden_size": 256, "num_attention_heads": 4, "rope_theta": 1e4,
+                                             "partial_rotary_factor": 0.5,
+                                             "rope_scaling": {"rope_type": "linear", "factor": 4.0}})))
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name, cfg", _preset_configs(), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize("long", [False, True], ids=["short", "long"])
+def test_every_scaling_type_matches_reference(device, name, cfg, long):
+    """config= path of apply_rope (frequencies, temperature, pairing, partial rotary, seq_len for
+    dynamic/longrope) against reference.apply_rope in float64, at short and long positions."""
+    gen = torch.Generator().manual_seed(abs(hash(name)) % (2**31))
+    seq = 11
+    q = torch.randn(2, seq, 4, cfg.head_dim, generator=gen, dtype=torch.float64)
+    k = torch.randn(2, seq, 2, cfg.head_dim, generator=gen, dtype=torch.float64)
+    top = 200_000 if long else 1000  # past original_max_position_embeddings: longrope/dynamic switch
+    positions = torch.randint(0, top, (2, seq), generator=gen)
+    for dtype in (torch.float32, torch.float64):
+        q_out, k_out = pn.apply_rope(q.to(device, dtype), k.to(device, dtype), positions.to(device), config=cfg)
+        rq, rk = pn.reference.apply_rope(q.to(dtype), k.to(dtype), positions, cfg)
+        assert rel_err(q_out, rq.double()) <= TOL[dtype] * (10 if dtype == torch.float64 else 1)
+        assert rel_err(k_out, rk.double()) <= TOL[dtype] * (10 if dtype == torch.float64 else 1)

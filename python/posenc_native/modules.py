@@ -76,17 +76,14 @@ class RotaryEmbedding(nn.Module):
     def inv_freq(self, device: torch.device, seq_len: Optional[int] = None) -> torch.Tensor:
         key = (str(device), seq_len if self.config.needs_seq_len else None)
         if key not in self._cache:
+            if len(self._cache) >= 8:  # dynamic NTK sees a new length every decode step: stay bounded
+                self._cache.clear()
             self._cache[key] = self.config.inv_freq(seq_len=key[1]).to(device)
         return self._cache[key]
 
     def forward(self, q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None,
                 offset: int = 0, cu_seqlens: Optional[torch.Tensor] = None):
-        seq_len = None
-        if self.config.needs_seq_len:
-            if positions is not None and positions.numel() > 0:
-                seq_len = int(positions.max()) + offset + 1
-            else:
-                seq_len = q.shape[{"bshd": 1, "bhsd": 2, "thd": 0}[self.layout]] + offset
+        seq_len = ops.rope_seq_len(self.config, q, positions, self.layout, offset, cu_seqlens)
         return ops.apply_rope(q, k, positions, inv_freq=self.inv_freq(q.device, seq_len),
                               attention_factor=self.config.attention_factor, interleaved=self.config.interleaved,
                               layout=self.layout, offset=offset, cu_seqlens=cu_seqlens)

@@ -126,6 +126,20 @@ def _empty_k(q: torch.Tensor, layout: str) -> torch.Tensor:
     return q.new_empty(shape)
 
 
+def rope_seq_len(config: "RopeConfig", q: torch.Tensor, positions: Optional[torch.Tensor], layout: str,
+                 offset: int = 0, cu_seqlens: Optional[torch.Tensor] = None) -> Optional[int]:
+    """The sequence length that dynamic NTK and LongRoPE frequencies depend on (the largest
+    position + 1, as transformers computes it); None for the schemes that do not need it. Reading
+    a positions tensor's maximum synchronizes with its device."""
+    if not config.needs_seq_len:
+        return None
+    if positions is not None and positions.numel() > 0:
+        return int(positions.max()) + int(offset) + 1
+    if cu_seqlens is not None:
+        return int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) + offset
+    return q.shape[{"bshd": 1, "bhsd": 2, "thd": 0}[layout]] + offset
+
+
 def _resolve_rope_args(q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset,
                        cu_seqlens, rotary_dim):
     if layout not in _LAYOUTS:
@@ -134,14 +148,8 @@ def _resolve_rope_args(q, k, positions, config, inv_freq, attention_factor, inte
     if config is not None:
         if inv_freq is not None:
             raise ValueError("pass either config or inv_freq, not both")
-        # Dynamic NTK and LongRoPE depend on the sequence length: the largest position + 1.
-        if config.needs_seq_len and positions is not None and positions.numel() > 0:
-            seq_len = int(positions.max()) + int(offset) + 1
-        elif config.needs_seq_len and cu_seqlens is not None:
-            seq_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) + offset
-        else:
-            seq_len = q.shape[{"bshd": 1, "bhsd": 2, "thd": 0}[layout]] + offset
-        inv_freq = config.inv_freq(seq_len=seq_len).to(device=q.device)
+        inv_freq = config.inv_freq(seq_len=rope_seq_len(config, q, positions, layout, offset, cu_seqlens))
+        inv_freq = inv_freq.to(device=q.device)
         attention_factor = config.attention_factor
         interleaved = config.interleaved
         if rotary_dim is not None and rotary_dim != config.rotary_dim:

@@ -103,3 +103,20 @@ def test_cmake_package_points_at_the_library():
     targets = "".join(p.read_text() for p in cmake_dir.glob("PosencNativeTargets*.cmake"))
     assert "PosencNative::ops" in targets
     assert "libposenc_ops.so" in targets
+
+
+def test_op_library_has_no_python_in_it():
+    """A LibTorch program must be able to load the library: no libpython, no CPython C API symbols."""
+    import re
+    import shutil
+    import subprocess
+
+    if shutil.which("readelf") is None or shutil.which("nm") is None:
+        pytest.skip("needs binutils (readelf, nm)")
+    lib = pn.library_path()
+    needed = subprocess.run(["readelf", "-d", lib], capture_output=True, text=True, check=True).stdout
+    assert "libtorch_cpu.so" in needed  # the check reads real output
+    assert "libpython" not in needed and "libtorch_python" not in needed
+    undefined = subprocess.run(["nm", "-D", "--undefined-only", lib], capture_output=True, text=True, check=True).stdout
+    c_api = [s for s in undefined.split() if re.match(r"_?Py[A-Z_][A-Za-z_]*$", s)]
+    assert c_api == [], c_api

@@ -259,23 +259,29 @@ at::Tensor check_inv_freq(const char* op, const at::Tensor& q, const at::Tensor&
   return inv_freq.to(at::kDouble).contiguous();
 }
 
-// Builds the frequency-driven problem; dst_q/dst_k are where results go (q/k themselves in place).
-void rope_frequency_problem(const char* op, RopeProblem& p, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& dst_q, const at::Tensor& dst_k, const std::optional<at::Tensor>& positions,
-                            const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& inv_freq64,
-                            double attention_factor, bool interleaved, std::string_view layout, int64_t offset,
-                            bool inverse, const RopeInputs& in) {
+// Validates, then rotates by frequencies into (dst_q, dst_k): fresh outputs, or q and k in place.
+void rope_frequency(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor* dst_q,
+                    const at::Tensor* dst_k, const std::optional<at::Tensor>& positions,
+                    const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& inv_freq, double attention_factor,
+                    bool interleaved, std::string_view layout, int64_t offset, bool inverse, RopeRunner run) {
+  const RopeInputs in = check_qk(op, q, k, layout);
+  const bool in_place = dst_q == nullptr;
+  if (in_place) check_inplace(op, q, k);
+  RopeProblem p;
   p.batch = in.q.batch;
   p.seq = in.q.seq;
   p.head_dim = in.q.head_dim;
-  p.rot_dim = 2 * inv_freq64.size(0);
+  check_positions(op, p, q, positions, cu_seqlens, layout, offset);
+  const at::Tensor inv64 = check_inv_freq(op, q, inv_freq, in.q.head_dim, attention_factor);
+  p.rot_dim = 2 * inv64.size(0);
   p.interleaved = interleaved;
   p.inverse = inverse;
-  p.copy_passthrough = !dst_q.is_same(q) && p.rot_dim < p.head_dim;
-  p.inv_freq = inv_freq64.data_ptr<double>();
+  p.copy_passthrough = !in_place && p.rot_dim < p.head_dim;
+  p.inv_freq = inv64.data_ptr<double>();
   p.attention_factor = attention_factor;
-  fill_operand(p.q, in.q, q, dst_q, layout, op);
-  fill_operand(p.k, in.k, k, dst_k, layout, op);
+  fill_operand(p.q, in.q, q, in_place ? q : *dst_q, layout, op);
+  fill_operand(p.k, in.k, k, in_place ? k : *dst_k, layout, op);
+  if (p.batch * p.seq > 0 && p.head_dim > 0) run(p, q.scalar_type());
 }
 
 }  // namespace
@@ -285,35 +291,17 @@ std::tuple<at::Tensor, at::Tensor> rope_op(const at::Tensor& q, const at::Tensor
                                            const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& inv_freq,
                                            double attention_factor, bool interleaved, std::string_view layout,
                                            int64_t offset, bool inverse, RopeRunner run) {
-  constexpr const char* op = "posenc.rope";
-  const RopeInputs in = check_qk(op, q, k, layout);
-  RopeProblem p;
-  p.batch = in.q.batch;
-  p.seq = in.q.seq;
-  check_positions(op, p, q, positions, cu_seqlens, layout, offset);
-  const at::Tensor inv64 = check_inv_freq(op, q, inv_freq, in.q.head_dim, attention_factor);
-  at::Tensor q_out = at::empty_like(q);
-  at::Tensor k_out = at::empty_like(k);
-  rope_frequency_problem(op, p, q, k, q_out, k_out, positions, cu_seqlens, inv64, attention_factor, interleaved, layout,
-                         offset, inverse, in);
-  if (p.batch * p.seq > 0 && p.head_dim > 0) run(p, q.scalar_type());
+  at::Tensor q_out = at::empty_like(q), k_out = at::empty_like(k);
+  rope_frequency("posenc.rope", q, k, &q_out, &k_out, positions, cu_seqlens, inv_freq, attention_factor, interleaved,
+                 layout, offset, inverse, run);
   return {q_out, k_out};
 }
 
 void rope_inplace_op(const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& positions,
                      const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& inv_freq, double attention_factor,
                      bool interleaved, std::string_view layout, int64_t offset, bool inverse, RopeRunner run) {
-  constexpr const char* op = "posenc.rope_";
-  const RopeInputs in = check_qk(op, q, k, layout);
-  check_inplace(op, q, k);
-  RopeProblem p;
-  p.batch = in.q.batch;
-  p.seq = in.q.seq;
-  check_positions(op, p, q, positions, cu_seqlens, layout, offset);
-  const at::Tensor inv64 = check_inv_freq(op, q, inv_freq, in.q.head_dim, attention_factor);
-  rope_frequency_problem(op, p, q, k, q, k, positions, cu_seqlens, inv64, attention_factor, interleaved, layout, offset,
-                         inverse, in);
-  if (p.batch * p.seq > 0 && p.head_dim > 0) run(p, q.scalar_type());
+  rope_frequency("posenc.rope_", q, k, nullptr, nullptr, positions, cu_seqlens, inv_freq, attention_factor,
+                 interleaved, layout, offset, inverse, run);
 }
 
 namespace {
@@ -370,43 +358,39 @@ std::pair<at::Tensor, at::Tensor> cos_sin_problem(const char* op, RopeProblem& p
   return {cos, sin};
 }
 
+// Validates, then rotates by a cos/sin table into (dst_q, dst_k): fresh outputs, or q and k in place.
+void rope_table(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor* dst_q,
+                const at::Tensor* dst_k, const at::Tensor& cos, const at::Tensor& sin,
+                const std::optional<at::Tensor>& positions, std::string_view layout, bool inverse, RopeRunner run) {
+  const RopeInputs in = check_qk(op, q, k, layout);
+  const bool in_place = dst_q == nullptr;
+  if (in_place) check_inplace(op, q, k);
+  RopeProblem p;
+  p.batch = in.q.batch;
+  p.seq = in.q.seq;
+  p.head_dim = in.q.head_dim;
+  const auto tables = cos_sin_problem(op, p, q, cos, sin, positions, layout, in);  // keeps converted tables alive
+  p.inverse = inverse;
+  p.copy_passthrough = !in_place && p.rot_dim < p.head_dim;
+  fill_operand(p.q, in.q, q, in_place ? q : *dst_q, layout, op);
+  fill_operand(p.k, in.k, k, in_place ? k : *dst_k, layout, op);
+  if (p.batch * p.seq > 0) run(p, q.scalar_type());
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> rope_cos_sin_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                                                    const at::Tensor& sin, const std::optional<at::Tensor>& positions,
                                                    std::string_view layout, bool inverse, RopeRunner run) {
-  constexpr const char* op = "posenc.rope_cos_sin";
-  const RopeInputs in = check_qk(op, q, k, layout);
-  RopeProblem p;
-  p.batch = in.q.batch;
-  p.seq = in.q.seq;
-  p.head_dim = in.q.head_dim;
-  const auto tables = cos_sin_problem(op, p, q, cos, sin, positions, layout, in);
-  at::Tensor q_out = at::empty_like(q);
-  at::Tensor k_out = at::empty_like(k);
-  p.inverse = inverse;
-  p.copy_passthrough = p.rot_dim < p.head_dim;
-  fill_operand(p.q, in.q, q, q_out, layout, op);
-  fill_operand(p.k, in.k, k, k_out, layout, op);
-  if (p.batch * p.seq > 0) run(p, q.scalar_type());
+  at::Tensor q_out = at::empty_like(q), k_out = at::empty_like(k);
+  rope_table("posenc.rope_cos_sin", q, k, &q_out, &k_out, cos, sin, positions, layout, inverse, run);
   return {q_out, k_out};
 }
 
 void rope_cos_sin_inplace_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
                              const std::optional<at::Tensor>& positions, std::string_view layout, bool inverse,
                              RopeRunner run) {
-  constexpr const char* op = "posenc.rope_cos_sin_";
-  const RopeInputs in = check_qk(op, q, k, layout);
-  check_inplace(op, q, k);
-  RopeProblem p;
-  p.batch = in.q.batch;
-  p.seq = in.q.seq;
-  p.head_dim = in.q.head_dim;
-  const auto tables = cos_sin_problem(op, p, q, cos, sin, positions, layout, in);
-  p.inverse = inverse;
-  fill_operand(p.q, in.q, q, q, layout, op);
-  fill_operand(p.k, in.k, k, k, layout, op);
-  if (p.batch * p.seq > 0) run(p, q.scalar_type());
+  rope_table("posenc.rope_cos_sin_", q, k, nullptr, nullptr, cos, sin, positions, layout, inverse, run);
 }
 
 }  // namespace posenc

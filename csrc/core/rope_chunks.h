@@ -143,14 +143,24 @@ POSENC_HD void rope_work_item(const RopeProblem& p, const RopeChunks& chunks, in
     const int64_t row = p.cos_sin_row(b, s);
     for (int j = 0; j < kPairs; ++j) f[j] = factors_from_table<M, T>(p, row, i0 + j);
   }
+  // Heads go in groups of kHeadGroup: all of a group's loads are issued before its stores, so each
+  // thread keeps several memory requests in flight (in place, a store may alias a later load, so
+  // the compiler could not reorder them itself).
+  constexpr int kHeadGroup = 4;
   const auto rotate_heads = [&](const RopeOperand& op) {
     const T* src = static_cast<const T*>(op.src) + b * op.src_stride_b + s * op.src_stride_s;
     T* dst = static_cast<T*>(op.dst) + b * op.dst_stride_b + s * op.dst_stride_s;
-    for (int64_t h = 0; h < op.heads; ++h) {
-      M a[kPairs], bb[kPairs];
-      IO::load(src + h * op.src_stride_h, p, i0, a, bb);
-      for (int j = 0; j < kPairs; ++j) rotate_pair<M>(a[j], bb[j], f[j], p.inverse);
-      IO::store(dst + h * op.dst_stride_h, p, i0, a, bb);
+    for (int64_t h0 = 0; h0 < op.heads; h0 += kHeadGroup) {
+      const int n = op.heads - h0 < kHeadGroup ? static_cast<int>(op.heads - h0) : kHeadGroup;
+      M a[kHeadGroup][kPairs], bb[kHeadGroup][kPairs];
+      for (int g = 0; g < kHeadGroup; ++g) {
+        if (g < n) IO::load(src + (h0 + g) * op.src_stride_h, p, i0, a[g], bb[g]);
+      }
+      for (int g = 0; g < kHeadGroup; ++g) {
+        if (g >= n) continue;
+        for (int j = 0; j < kPairs; ++j) rotate_pair<M>(a[g][j], bb[g][j], f[j], p.inverse);
+        IO::store(dst + (h0 + g) * op.dst_stride_h, p, i0, a[g], bb[g]);
+      }
     }
   };
   rotate_heads(p.q);

@@ -113,19 +113,19 @@ POSENC_HD void rotate_pair(M& a, M& b, const PairFactors<M>& f, bool inverse) {
 
 namespace posenc {
 
-// Rotate the rot_dim leading dims of one head row (src may equal dst). The per-pair factors are
+// Rotate pairs [first_pair, pairs) of one head row (src may equal dst). The per-pair factors are
 // given as rows c1, s1, c2, s2 of length pairs (c2/s2 may alias c1/s1). Used by the CPU loop; the
-// CUDA kernel maps threads to pairs and calls rotate_pair directly.
+// CUDA kernel's work items (rope_chunks.h) call rotate_pair directly.
 template <bool kInterleaved, bool kInverse, typename T, typename M>
 inline void rotate_row(const T* src, T* dst, int64_t pairs, const M* __restrict__ c1, const M* __restrict__ s1,
-                       const M* __restrict__ c2, const M* __restrict__ s2) {
+                       const M* __restrict__ c2, const M* __restrict__ s2, int64_t first_pair = 0) {
   const int64_t second = kInterleaved ? 1 : pairs;
   const int64_t step = kInterleaved ? 2 : 1;
   // In place src == dst: each iteration reads its own pair before writing it and touches no other
   // iteration's elements, so vectorizing is safe (the compiler cannot prove it; it would fall back
   // to a scalar loop whenever src and dst overlap).
 #pragma GCC ivdep
-  for (int64_t i = 0; i < pairs; ++i) {
+  for (int64_t i = first_pair; i < pairs; ++i) {
     M a = to_math<M>(src[i * step]);
     M b = to_math<M>(src[i * step + second]);
     rotate_pair<M>(a, b, PairFactors<M>{c1[i], s1[i], c2[i], s2[i]}, kInverse);

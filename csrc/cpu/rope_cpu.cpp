@@ -20,7 +20,12 @@ void rotate_heads(const RopeProblem& p, const RopeOperand& o, int64_t b, int64_t
   for (int64_t h = 0; h < o.heads; ++h) {
     const T* src_row = src + h * o.src_stride_h;
     T* dst_row = dst + h * o.dst_stride_h;
-    rotate_row<kInterleaved, kInverse>(src_row, dst_row, p.pairs(), c1, s1, c2, s2);
+    int64_t done = 0;
+    if constexpr (std::is_same_v<T, c10::BFloat16> && !kInterleaved) {
+      done = rotate_row_bf16_avx512(reinterpret_cast<const uint16_t*>(src_row), reinterpret_cast<uint16_t*>(dst_row),
+                                    p.pairs(), c1, s1, c2, s2, kInverse);
+    }
+    rotate_row<kInterleaved, kInverse>(src_row, dst_row, p.pairs(), c1, s1, c2, s2, done);
     if (p.copy_passthrough && pass > 0) std::memcpy(dst_row + p.rot_dim, src_row + p.rot_dim, pass * sizeof(T));
   }
 }

@@ -48,6 +48,7 @@ struct RopeProblem {
   const void* sin = nullptr;
   int64_t cs_stride_b = 0, cs_stride_s = 0;
   bool cs_by_position = false;
+  int64_t cs_rows = 0;  // rows of the table, when gathered by position
 
   POSENC_HD int64_t pairs() const { return rot_dim / 2; }
   POSENC_HD int64_t first(int64_t i) const { return interleaved ? 2 * i : i; }
@@ -69,7 +70,10 @@ struct RopeProblem {
 
   // Row offset (in elements) of the cos/sin table for token (b, s).
   POSENC_HD int64_t cos_sin_row(int64_t b, int64_t s) const {
-    if (cs_by_position) return position(b, s) * cs_stride_s;
+    if (cs_by_position) {  // clamped: the host checks the range unless it cannot read the positions
+      const int64_t row = position(b, s);
+      return (row < 0 ? 0 : (row >= cs_rows ? cs_rows - 1 : row)) * cs_stride_s;
+    }
     return b * cs_stride_b + s * cs_stride_s;
   }
 };

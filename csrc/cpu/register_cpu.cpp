@@ -1,5 +1,12 @@
 #include "cpu/kernels.h"
 
+namespace posenc::cpu {
+namespace {
+bool always() { return true; }
+constexpr Backend kCpuBackend{run_sinusoidal, run_rope, always};
+}  // namespace
+}  // namespace posenc::cpu
+
 TORCH_LIBRARY_IMPL(posenc, CPU, m) {
-  posenc::register_kernels<posenc::cpu::run_sinusoidal, posenc::cpu::run_rope, posenc::NoDeviceGuard>(m);
+  posenc::register_kernels<posenc::cpu::kCpuBackend, posenc::NoDeviceGuard>(m);
 }

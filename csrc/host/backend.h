@@ -1,6 +1,6 @@
 // What a backend (csrc/cpu, csrc/cuda) shares: dtype dispatch and the registration of every op's
-// kernel. A backend supplies only its two runners and its device guard; the argument handling is
-// host/plan.cpp's, the same for every device.
+// kernel. A backend supplies only its Backend (runners) and its device guard; the argument handling
+// is host/plan.cpp's, the same for every device.
 #pragma once
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -27,44 +27,44 @@ struct NoDeviceGuard {
 };
 
 // m.impl of every op for one dispatch key: validate (plan.cpp), then run on this backend.
-template <SinusoidalRunner kSinusoidal, RopeRunner kRope, typename Guard>
+template <const Backend& kBackend, typename Guard>
 void register_kernels(torch::Library& m) {
   using OptTensor = std::optional<at::Tensor>;
   m.impl("sinusoidal_table", [](const at::Tensor& positions, int64_t dim, double base, bool interleaved,
                                 double freq_shift, double angle_scale, bool cos_first, at::ScalarType dtype) {
     const Guard guard(positions.device());
     return sinusoidal_table_op(positions, dim, base, interleaved, freq_shift, angle_scale, cos_first, dtype,
-                               kSinusoidal);
+                               kBackend);
   });
   m.impl("add_sinusoidal", [](const at::Tensor& x, const at::Tensor& positions, double x_scale, double base,
                               bool interleaved, double freq_shift, double angle_scale, bool cos_first) {
     const Guard guard(x.device());
     return add_sinusoidal_op(x, positions, x_scale, base, interleaved, freq_shift, angle_scale, cos_first,
-                             kSinusoidal);
+                             kBackend);
   });
   m.impl("rope", [](const at::Tensor& q, const at::Tensor& k, const OptTensor& positions, const OptTensor& cu_seqlens,
                     const at::Tensor& inv_freq, double attention_factor, bool interleaved, c10::string_view layout,
                     int64_t offset, bool inverse) {
     const Guard guard(q.device());
     return rope_op(q, k, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, inverse,
-                   kRope);
+                   kBackend);
   });
   m.impl("rope_", [](const at::Tensor& q, const at::Tensor& k, const OptTensor& positions, const OptTensor& cu_seqlens,
                      const at::Tensor& inv_freq, double attention_factor, bool interleaved, c10::string_view layout,
                      int64_t offset, bool inverse) {
     const Guard guard(q.device());
     rope_inplace_op(q, k, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, inverse,
-                    kRope);
+                    kBackend);
   });
   m.impl("rope_cos_sin", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
                             const OptTensor& positions, c10::string_view layout, bool inverse) {
     const Guard guard(q.device());
-    return rope_cos_sin_op(q, k, cos, sin, positions, layout, inverse, kRope);
+    return rope_cos_sin_op(q, k, cos, sin, positions, layout, inverse, kBackend);
   });
   m.impl("rope_cos_sin_", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
                              const OptTensor& positions, c10::string_view layout, bool inverse) {
     const Guard guard(q.device());
-    rope_cos_sin_inplace_op(q, k, cos, sin, positions, layout, inverse, kRope);
+    rope_cos_sin_inplace_op(q, k, cos, sin, positions, layout, inverse, kBackend);
   });
 }
 

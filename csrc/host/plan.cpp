@@ -58,7 +58,7 @@ SinusoidalParams sinusoidal_params(const char* op, int64_t dim, double base, boo
 
 at::Tensor sinusoidal_table_op(const at::Tensor& positions_in, int64_t dim, double base, bool interleaved,
                                double freq_shift, double angle_scale, bool cos_first, at::ScalarType dtype,
-                               SinusoidalRunner run) {
+                               const Backend& backend) {
   constexpr const char* op = "posenc.sinusoidal_table";
   TORCH_CHECK(positions_in.dim() == 1, op, ": positions must be 1-D [N], got shape ", positions_in.sizes());
   TORCH_CHECK(is_float_dtype(dtype), op, ": dtype must be float32, float16, bfloat16 or float64, got ", dtype);
@@ -74,13 +74,13 @@ at::Tensor sinusoidal_table_op(const at::Tensor& positions_in, int64_t dim, doub
   p.pos_stride_s = positions.stride(0);
   p.out = out.data_ptr();
   p.out_stride_s = out.stride(0);
-  run(p, dtype);
+  backend.sinusoidal(p, dtype);
   return out;
 }
 
 at::Tensor add_sinusoidal_op(const at::Tensor& x, const at::Tensor& positions_in, double x_scale, double base,
                              bool interleaved, double freq_shift, double angle_scale, bool cos_first,
-                             SinusoidalRunner run) {
+                             const Backend& backend) {
   constexpr const char* op = "posenc.add_sinusoidal";
   TORCH_CHECK(x.dim() == 2 || x.dim() == 3, op, ": x must be [batch, seq, dim] or [seq, dim], got shape ", x.sizes());
   TORCH_CHECK(is_float_dtype(x.scalar_type()), op, ": x must be float32, float16, bfloat16 or float64, got ",
@@ -117,7 +117,7 @@ at::Tensor add_sinusoidal_op(const at::Tensor& x, const at::Tensor& positions_in
   p.out = out.data_ptr();
   p.out_stride_b = out.dim() == 3 ? out.stride(0) : 0;
   p.out_stride_s = out.stride(-2);
-  run(p, x.scalar_type());
+  backend.sinusoidal(p, x.scalar_type());
   return out;
 }
 
@@ -186,8 +186,15 @@ RopeInputs check_qk(const char* op, const at::Tensor& q, const at::Tensor& k, st
   return in;
 }
 
+// Argument values on the device are read (to validate them) unless the backend says that cannot
+// be done now; values of CPU tensors are always checked.
+bool may_read(const at::Tensor& t, const Backend& backend) {
+  return t.device().is_cpu() || backend.may_read_device_values();
+}
+
 void check_positions(const char* op, RopeProblem& p, const at::Tensor& q, const std::optional<at::Tensor>& positions,
-                     const std::optional<at::Tensor>& cu_seqlens, std::string_view layout, int64_t offset) {
+                     const std::optional<at::Tensor>& cu_seqlens, std::string_view layout, int64_t offset,
+                     const Backend& backend) {
   p.offset = offset;
   if (positions.has_value()) {
     const at::Tensor& pos = *positions;
@@ -217,20 +224,23 @@ void check_positions(const char* op, RopeProblem& p, const at::Tensor& q, const 
     TORCH_CHECK(cu.dim() == 1 && cu.size(0) >= 2, op, ": cu_seqlens must be 1-D with at least 2 entries, got shape ",
                 cu.sizes());
     // Values are checked on the host (a device-to-host copy for CUDA tensors): a bad table would
-    // silently give wrong positions.
-    const at::Tensor host = cu.to(at::kCPU, at::kLong).contiguous();
-    const int64_t* v = host.data_ptr<int64_t>();
-    const int64_t n = host.size(0);
-    TORCH_CHECK(v[0] == 0, op, ": cu_seqlens must start at 0, got ", v[0]);
-    for (int64_t i = 1; i < n; ++i) {
-      TORCH_CHECK(v[i] >= v[i - 1], op, ": cu_seqlens must be non-decreasing, got ", v[i - 1], " then ", v[i],
-                  " at index ", i);
+    // silently give wrong positions. Skipped only while a CUDA graph is captured; the kernels'
+    // search in cu_seqlens stays in bounds whatever its values.
+    if (may_read(cu, backend)) {
+      const at::Tensor host = cu.to(at::kCPU, at::kLong).contiguous();
+      const int64_t* v = host.data_ptr<int64_t>();
+      const int64_t n = host.size(0);
+      TORCH_CHECK(v[0] == 0, op, ": cu_seqlens must start at 0, got ", v[0]);
+      for (int64_t i = 1; i < n; ++i) {
+        TORCH_CHECK(v[i] >= v[i - 1], op, ": cu_seqlens must be non-decreasing, got ", v[i - 1], " then ", v[i],
+                    " at index ", i);
+      }
+      TORCH_CHECK(v[n - 1] == p.seq, op, ": cu_seqlens must end at the number of tokens ", p.seq, ", got ", v[n - 1]);
     }
-    TORCH_CHECK(v[n - 1] == p.seq, op, ": cu_seqlens must end at the number of tokens ", p.seq, ", got ", v[n - 1]);
     if (!positions.has_value()) {
       p.cu_seqlens = cu.data_ptr();
       p.cu_seqlens_kind = index_kind(cu);
-      p.n_seqs = n - 1;
+      p.n_seqs = cu.size(0) - 1;
     }
   }
 }
@@ -263,7 +273,7 @@ at::Tensor check_inv_freq(const char* op, const at::Tensor& q, const at::Tensor&
 void rope_frequency(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor* dst_q,
                     const at::Tensor* dst_k, const std::optional<at::Tensor>& positions,
                     const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& inv_freq, double attention_factor,
-                    bool interleaved, std::string_view layout, int64_t offset, bool inverse, RopeRunner run) {
+                    bool interleaved, std::string_view layout, int64_t offset, bool inverse, const Backend& backend) {
   const RopeInputs in = check_qk(op, q, k, layout);
   const bool in_place = dst_q == nullptr;
   if (in_place) check_inplace(op, q, k);
@@ -271,7 +281,7 @@ void rope_frequency(const char* op, const at::Tensor& q, const at::Tensor& k, co
   p.batch = in.q.batch;
   p.seq = in.q.seq;
   p.head_dim = in.q.head_dim;
-  check_positions(op, p, q, positions, cu_seqlens, layout, offset);
+  check_positions(op, p, q, positions, cu_seqlens, layout, offset, backend);
   const at::Tensor inv64 = check_inv_freq(op, q, inv_freq, in.q.head_dim, attention_factor);
   p.rot_dim = 2 * inv64.size(0);
   p.interleaved = interleaved;
@@ -281,7 +291,7 @@ void rope_frequency(const char* op, const at::Tensor& q, const at::Tensor& k, co
   p.attention_factor = attention_factor;
   fill_operand(p.q, in.q, q, in_place ? q : *dst_q, layout, op);
   fill_operand(p.k, in.k, k, in_place ? k : *dst_k, layout, op);
-  if (p.batch * p.seq > 0 && p.head_dim > 0) run(p, q.scalar_type());
+  if (p.batch * p.seq > 0 && p.head_dim > 0) backend.rope(p, q.scalar_type());
 }
 
 }  // namespace
@@ -290,18 +300,18 @@ std::tuple<at::Tensor, at::Tensor> rope_op(const at::Tensor& q, const at::Tensor
                                            const std::optional<at::Tensor>& positions,
                                            const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& inv_freq,
                                            double attention_factor, bool interleaved, std::string_view layout,
-                                           int64_t offset, bool inverse, RopeRunner run) {
+                                           int64_t offset, bool inverse, const Backend& backend) {
   at::Tensor q_out = at::empty_like(q), k_out = at::empty_like(k);
   rope_frequency("posenc.rope", q, k, &q_out, &k_out, positions, cu_seqlens, inv_freq, attention_factor, interleaved,
-                 layout, offset, inverse, run);
+                 layout, offset, inverse, backend);
   return {q_out, k_out};
 }
 
 void rope_inplace_op(const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& positions,
                      const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& inv_freq, double attention_factor,
-                     bool interleaved, std::string_view layout, int64_t offset, bool inverse, RopeRunner run) {
+                     bool interleaved, std::string_view layout, int64_t offset, bool inverse, const Backend& backend) {
   rope_frequency("posenc.rope_", q, k, nullptr, nullptr, positions, cu_seqlens, inv_freq, attention_factor,
-                 interleaved, layout, offset, inverse, run);
+                 interleaved, layout, offset, inverse, backend);
 }
 
 namespace {
@@ -311,7 +321,7 @@ namespace {
 std::pair<at::Tensor, at::Tensor> cos_sin_problem(const char* op, RopeProblem& p, const at::Tensor& q,
                                                   const at::Tensor& cos_in, const at::Tensor& sin_in,
                                                   const std::optional<at::Tensor>& positions, std::string_view layout,
-                                                  const RopeInputs& in) {
+                                                  const RopeInputs& in, const Backend& backend) {
   check_same_device(op, q, "q", cos_in, "cos");
   check_same_device(op, q, "q", sin_in, "sin");
   TORCH_CHECK(cos_in.sizes() == sin_in.sizes(), op, ": cos and sin must have the same shape, got ", cos_in.sizes(),
@@ -335,15 +345,17 @@ std::pair<at::Tensor, at::Tensor> cos_sin_problem(const char* op, RopeProblem& p
   if (positions.has_value()) {
     TORCH_CHECK(cos.dim() == 2, op, ": with positions, cos and sin must be tables [max_positions, rotary_dim], got shape ",
                 cos.sizes());
-    check_positions(op, p, q, positions, std::nullopt, layout, 0);
-    // Gathered rows must exist: check the range on the host.
+    check_positions(op, p, q, positions, std::nullopt, layout, 0, backend);
+    // Gathered rows must exist: check the range on the host (when values may be read; the kernels
+    // clamp the row index in any case, so a bad position never reads out of bounds).
     const at::Tensor pos = *positions;
-    if (pos.numel() > 0) {
+    if (pos.numel() > 0 && may_read(pos, backend)) {
       const int64_t lo = pos.min().item<int64_t>(), hi = pos.max().item<int64_t>();
       TORCH_CHECK(lo >= 0 && hi < cos.size(0), op, ": positions must be in [0, ", cos.size(0), ") to index cos/sin, got [",
                   lo, ", ", hi, "]");
     }
     p.cs_by_position = true;
+    p.cs_rows = cos.size(0);
     p.cs_stride_s = cos.stride(0);
   } else if (cos.dim() == 2) {
     TORCH_CHECK(cos.size(0) == in.q.seq, op, ": cos must have seq = ", in.q.seq, " rows, got shape ", cos.sizes());
@@ -361,7 +373,7 @@ std::pair<at::Tensor, at::Tensor> cos_sin_problem(const char* op, RopeProblem& p
 // Validates, then rotates by a cos/sin table into (dst_q, dst_k): fresh outputs, or q and k in place.
 void rope_table(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor* dst_q,
                 const at::Tensor* dst_k, const at::Tensor& cos, const at::Tensor& sin,
-                const std::optional<at::Tensor>& positions, std::string_view layout, bool inverse, RopeRunner run) {
+                const std::optional<at::Tensor>& positions, std::string_view layout, bool inverse, const Backend& backend) {
   const RopeInputs in = check_qk(op, q, k, layout);
   const bool in_place = dst_q == nullptr;
   if (in_place) check_inplace(op, q, k);
@@ -369,28 +381,28 @@ void rope_table(const char* op, const at::Tensor& q, const at::Tensor& k, const 
   p.batch = in.q.batch;
   p.seq = in.q.seq;
   p.head_dim = in.q.head_dim;
-  const auto tables = cos_sin_problem(op, p, q, cos, sin, positions, layout, in);  // keeps converted tables alive
+  const auto tables = cos_sin_problem(op, p, q, cos, sin, positions, layout, in, backend);  // keeps converted tables alive
   p.inverse = inverse;
   p.copy_passthrough = !in_place && p.rot_dim < p.head_dim;
   fill_operand(p.q, in.q, q, in_place ? q : *dst_q, layout, op);
   fill_operand(p.k, in.k, k, in_place ? k : *dst_k, layout, op);
-  if (p.batch * p.seq > 0) run(p, q.scalar_type());
+  if (p.batch * p.seq > 0) backend.rope(p, q.scalar_type());
 }
 
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> rope_cos_sin_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                                                    const at::Tensor& sin, const std::optional<at::Tensor>& positions,
-                                                   std::string_view layout, bool inverse, RopeRunner run) {
+                                                   std::string_view layout, bool inverse, const Backend& backend) {
   at::Tensor q_out = at::empty_like(q), k_out = at::empty_like(k);
-  rope_table("posenc.rope_cos_sin", q, k, &q_out, &k_out, cos, sin, positions, layout, inverse, run);
+  rope_table("posenc.rope_cos_sin", q, k, &q_out, &k_out, cos, sin, positions, layout, inverse, backend);
   return {q_out, k_out};
 }
 
 void rope_cos_sin_inplace_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
                              const std::optional<at::Tensor>& positions, std::string_view layout, bool inverse,
-                             RopeRunner run) {
-  rope_table("posenc.rope_cos_sin_", q, k, nullptr, nullptr, cos, sin, positions, layout, inverse, run);
+                             const Backend& backend) {
+  rope_table("posenc.rope_cos_sin_", q, k, nullptr, nullptr, cos, sin, positions, layout, inverse, backend);
 }
 
 }  // namespace posenc

@@ -1,10 +1,64 @@
 #include "host/plan.h"
 
-#include <ATen/MemoryOverlap.h>
+#include <c10/core/InferenceMode.h>
 #include <cmath>
+#include <limits>
+
+#include "host/overlap.h"
+
+// Where the compiled library says which torch it was built for, readable without loading it: the
+// Python loader (posenc_native/_library.py) searches the file for this marker when loading fails.
+extern "C" __attribute__((used, visibility("default"))) const char posenc_built_for_torch[] =
+    "posenc-built-for-torch=" POSENC_TORCH_VERSION;
 
 namespace posenc {
 namespace {
+
+// The position domain (README "Guarantees"). Angles are reduced modulo pi/2 in float64 before the
+// float32 sin/cos (core/angles.h); that reduction stays a reduction (the result a rotation) for
+// |angle| < 2^51, and is accurate to ~2e-7 below 2^24. Positions are limited to 2^48 and angles
+// (position * frequency) to 2^50, with margin; anything outside is an error, never a wrong value.
+constexpr int64_t kMaxPosition = int64_t{1} << 48;
+constexpr double kMaxAngle = 1125899906842624.0;  // 2^50
+
+// Argument values on the device are read (to validate them) unless the backend says that cannot
+// be done now; values of CPU tensors are always checked.
+bool may_read(const at::Tensor& t, const Backend& backend) {
+  return t.device().is_cpu() || backend.may_read_device_values();
+}
+
+// Smallest and largest value of an index/position tensor (numel > 0), any strides and device: for
+// a device tensor this is one device-to-host copy. Integer tensors give exact int64 bounds;
+// floating ones give float64 bounds (NaN if any value is NaN).
+struct ValueRange {
+  bool integral = true;
+  int64_t imin = 0, imax = 0;
+  double fmin = 0, fmax = 0;
+};
+
+ValueRange value_range(const at::Tensor& t) {
+  ValueRange r;
+  r.integral = !at::isFloatingType(t.scalar_type());
+  auto [mn, mx] = at::aminmax(t);
+  const at::Tensor both = at::stack({mn, mx}).to(at::kCPU, r.integral ? at::kLong : at::kDouble);
+  if (r.integral) {
+    r.imin = both[0].item<int64_t>();
+    r.imax = both[1].item<int64_t>();
+  } else {
+    r.fmin = both[0].item<double>();
+    r.fmax = both[1].item<double>();
+  }
+  return r;
+}
+
+// |lo + offset| and |hi + offset| within the position domain, computed without wrapping.
+int64_t checked_position_bound(const char* op, int64_t lo, int64_t hi, int64_t offset, const char* what) {
+  int64_t a = 0, b = 0;
+  const bool overflow = __builtin_add_overflow(lo, offset, &a) || __builtin_add_overflow(hi, offset, &b);
+  TORCH_CHECK(!overflow && a >= -kMaxPosition && b <= kMaxPosition, op, ": ", what, " + offset must lie in [-2^48, 2^48]",
+              " (the supported position domain), got positions in [", lo, ", ", hi, "] and offset ", offset);
+  return std::max(a < 0 ? -a : a, b < 0 ? -b : b);
+}
 
 bool is_float_dtype(at::ScalarType t) {
   return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;
@@ -54,6 +108,30 @@ SinusoidalParams sinusoidal_params(const char* op, int64_t dim, double base, boo
   return p;
 }
 
+// Values of the sinusoidal positions: finite, |p| <= 2^48 and |p * w| <= 2^50 for every frequency w
+// (checked when the backend may read them; see Backend::may_read_device_values).
+void check_sinusoidal_domain(const char* op, const at::Tensor& positions, const SinusoidalParams& prm,
+                             const Backend& backend) {
+  if (positions.numel() == 0 || !may_read(positions, backend)) return;
+  const ValueRange r = value_range(positions);
+  double bound = 0;
+  if (r.integral) {
+    checked_position_bound(op, r.imin, r.imax, 0, "positions");
+    bound = std::max(std::abs(static_cast<double>(r.imin)), std::abs(static_cast<double>(r.imax)));
+  } else {
+    TORCH_CHECK(std::isfinite(r.fmin) && std::isfinite(r.fmax), op, ": positions must be finite, got values in [",
+                r.fmin, ", ", r.fmax, "]");
+    bound = std::max(std::abs(r.fmin), std::abs(r.fmax));
+    TORCH_CHECK(bound <= static_cast<double>(kMaxPosition), op,
+                ": positions must lie in [-2^48, 2^48] (the supported position domain), got values in [", r.fmin,
+                ", ", r.fmax, "]");
+  }
+  // w_i is monotonic in i: its largest magnitude is at i = 0 or i = half - 1.
+  const double w = prm.half > 0 ? std::max(std::abs(prm.frequency(0)), std::abs(prm.frequency(prm.half - 1))) : 0.0;
+  TORCH_CHECK(bound * w <= kMaxAngle, op, ": position * frequency must stay within 2^50 rad (the supported angle",
+              " domain); the largest |position| is ", bound, " and the largest frequency ", w);
+}
+
 }  // namespace
 
 at::Tensor sinusoidal_table_op(const at::Tensor& positions_in, int64_t dim, double base, bool interleaved,
@@ -65,6 +143,7 @@ at::Tensor sinusoidal_table_op(const at::Tensor& positions_in, int64_t dim, doub
   SinusoidalProblem p;
   p.params = sinusoidal_params(op, dim, base, interleaved, freq_shift, angle_scale, cos_first);
   const at::Tensor positions = sinusoidal_positions(op, positions_in);
+  check_sinusoidal_domain(op, positions, p.params, backend);
   at::Tensor out = at::empty({positions.size(0), dim}, positions.options().dtype(dtype));
   if (out.numel() == 0) return out;
   p.batch = 1;
@@ -99,6 +178,7 @@ at::Tensor add_sinusoidal_op(const at::Tensor& x, const at::Tensor& positions_in
   SinusoidalProblem p;
   p.params = sinusoidal_params(op, dim, base, interleaved, freq_shift, angle_scale, cos_first);
   const at::Tensor positions = sinusoidal_positions(op, positions_in);
+  check_sinusoidal_domain(op, positions, p.params, backend);
   // x's layout when its last dim is contiguous (dense x keeps its strides), else row-major:
   // the kernels write rows with a contiguous last dim. ops.py's fake kernel mirrors this rule.
   at::Tensor out = x.stride(-1) == 1 ? at::empty_like(x) : at::empty(x.sizes(), x.options());
@@ -186,16 +266,25 @@ RopeInputs check_qk(const char* op, const at::Tensor& q, const at::Tensor& k, st
   return in;
 }
 
-// Argument values on the device are read (to validate them) unless the backend says that cannot
-// be done now; values of CPU tensors are always checked.
-bool may_read(const at::Tensor& t, const Backend& backend) {
-  return t.device().is_cpu() || backend.may_read_device_values();
-}
 
-void check_positions(const char* op, RopeProblem& p, const at::Tensor& q, const std::optional<at::Tensor>& positions,
-                     const std::optional<at::Tensor>& cu_seqlens, std::string_view layout, int64_t offset,
-                     const Backend& backend) {
+// What check_positions learnt: the index tensors as the kernel reads them (kept alive until it has
+// run), and the range of the positions it will compute, when known.
+struct PositionInfo {
+  at::Tensor positions, cu_seqlens;
+  bool known = false;        // lo/hi below are valid
+  int64_t lo = 0, hi = 0;    // of position + offset over all tokens
+};
+
+void check_positions(const char* op, RopeProblem& p, PositionInfo& info, const at::Tensor& q,
+                     const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& cu_seqlens,
+                     std::string_view layout, int64_t offset, const Backend& backend) {
   p.offset = offset;
+  const auto note_range = [&](int64_t lo, int64_t hi, const char* what) {
+    checked_position_bound(op, lo, hi, offset, what);  // offset is added without wrapping
+    info.known = true;
+    info.lo = lo + offset;
+    info.hi = hi + offset;
+  };
   if (positions.has_value()) {
     const at::Tensor& pos = *positions;
     check_same_device(op, q, "q", pos, "positions");
@@ -210,6 +299,12 @@ void check_positions(const char* op, RopeProblem& p, const at::Tensor& q, const 
       TORCH_CHECK(ok, op, ": positions must be [seq] = [", p.seq, "] or [batch, seq] = [", p.batch, ", ", p.seq,
                   "], got shape ", pos.sizes());
     }
+    // Any strides (the kernels index with them); values read when allowed (one device-to-host copy on CUDA).
+    if (pos.numel() > 0 && may_read(pos, backend)) {
+      const ValueRange r = value_range(pos);
+      note_range(r.imin, r.imax, "positions");
+    }
+    info.positions = pos;
     p.positions = pos.data_ptr();
     p.positions_kind = index_kind(pos);
     p.pos_stride_s = pos.stride(-1);
@@ -226,33 +321,83 @@ void check_positions(const char* op, RopeProblem& p, const at::Tensor& q, const 
     // Values are checked on the host (a device-to-host copy for CUDA tensors): a bad table would
     // silently give wrong positions. Skipped only while a CUDA graph is captured; the kernels'
     // search in cu_seqlens stays in bounds whatever its values.
+    int64_t longest = p.seq;
     if (may_read(cu, backend)) {
       const at::Tensor host = cu.to(at::kCPU, at::kLong).contiguous();
       const int64_t* v = host.data_ptr<int64_t>();
       const int64_t n = host.size(0);
       TORCH_CHECK(v[0] == 0, op, ": cu_seqlens must start at 0, got ", v[0]);
+      longest = 0;
       for (int64_t i = 1; i < n; ++i) {
         TORCH_CHECK(v[i] >= v[i - 1], op, ": cu_seqlens must be non-decreasing, got ", v[i - 1], " then ", v[i],
                     " at index ", i);
+        longest = std::max(longest, v[i] - v[i - 1]);
       }
       TORCH_CHECK(v[n - 1] == p.seq, op, ": cu_seqlens must end at the number of tokens ", p.seq, ", got ", v[n - 1]);
     }
     if (!positions.has_value()) {
-      p.cu_seqlens = cu.data_ptr();
-      p.cu_seqlens_kind = index_kind(cu);
+      // The kernels index cu_seqlens as a dense array: a strided one is copied (it is tiny).
+      info.cu_seqlens = cu.stride(0) == 1 ? cu : cu.contiguous();
+      p.cu_seqlens = info.cu_seqlens.data_ptr();
+      p.cu_seqlens_kind = index_kind(info.cu_seqlens);
       p.n_seqs = cu.size(0) - 1;
+      if (longest > 0) note_range(0, longest - 1, "positions within each sequence");
     }
+  } else if (!positions.has_value() && p.seq > 0) {
+    note_range(0, p.seq - 1, "positions 0 .. seq-1");
   }
 }
 
-void check_inplace(const char* op, const at::Tensor& q, const at::Tensor& k) {
-  at::assert_no_internal_overlap(q);
-  at::assert_no_internal_overlap(k);
-  if (q.numel() > 0 && k.numel() > 0) {
-    // Views of one fused qkv buffer interleave without sharing elements (status TooHard): allowed.
-    const auto status = at::get_overlap_status(q, k);
-    TORCH_CHECK(status != at::MemOverlapStatus::Full && status != at::MemOverlapStatus::Partial, op,
-                ": q and k must not share memory when rotated in place");
+// The angle domain for frequencies: |position * inv_freq[i]| <= 2^50. On the CPU the frequencies are
+// always read; a device's are read only when positions could exceed 2^24 (so that a decode step
+// does not wait for the device), since below that only absurd frequencies (> 2^26) could leave it.
+void check_angle_domain(const char* op, const at::Tensor& inv64, const PositionInfo& info, const Backend& backend) {
+  const double bound = info.known ? std::max(std::abs(static_cast<double>(info.lo)), std::abs(static_cast<double>(info.hi)))
+                                  : 0.0;
+  double w = 0;
+  if (inv64.device().is_cpu()) {
+    const double* v = inv64.data_ptr<double>();
+    for (int64_t i = 0; i < inv64.numel(); ++i) {
+      TORCH_CHECK(std::isfinite(v[i]), op, ": inv_freq must be finite, got ", v[i], " at index ", i);
+      w = std::max(w, std::abs(v[i]));
+    }
+  } else if (bound > 16777216.0 && backend.may_read_device_values()) {
+    w = inv64.abs().max().item<double>();
+    TORCH_CHECK(std::isfinite(w), op, ": inv_freq must be finite");
+  }
+  TORCH_CHECK(bound * w <= kMaxAngle, op, ": position * inv_freq must stay within 2^50 rad (the supported angle ",
+              "domain); the largest |position + offset| is ", bound, " and the largest frequency ", w);
+}
+
+// In place: q and k are written while being read, so neither may hold an element twice, they may
+// not share memory with each other, and nothing the kernel reads may live in them. Views of one
+// fused qkv buffer (q and k rows interleaved, no element shared) are fine. The overlap tests are
+// exact (host/overlap.h); a layout too irregular to decide counts as overlapping.
+void check_inplace_outputs(const char* op, const at::Tensor& q, const at::Tensor& k) {
+  for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{q, "q"}, {k, "k"}}) {
+    TORCH_CHECK(!t.is_inference() || c10::InferenceMode::is_enabled(), op, ": ", name,
+                " is an inference tensor: Inplace update to inference tensor outside InferenceMode is not allowed. "
+                "Clone it outside inference mode first, or run under torch.inference_mode()");
+    const overlap::Answer a = overlap::internal(t);
+    TORCH_CHECK(a == overlap::Answer::No, op, ": ", name, " must not have elements that share memory (an expanded or",
+                " self-overlapping view, strides ", t.strides(), ") when rotated in place",
+                a == overlap::Answer::Unknown ? " (its layout is too irregular to prove it has none)" : "",
+                "; rotate a contiguous copy");
+  }
+  const overlap::Answer a = overlap::tensors(q, k);
+  TORCH_CHECK(a == overlap::Answer::No, op, ": q and k must not share memory when rotated in place",
+              a == overlap::Answer::Unknown ? " (their layouts are too irregular to prove they do not)" : "");
+}
+
+void check_inputs_apart(const char* op, const at::Tensor& q, const at::Tensor& k,
+                        std::initializer_list<std::pair<const at::Tensor*, const char*>> inputs) {
+  for (const auto& [t, name] : inputs) {
+    if (t == nullptr || !t->defined()) continue;
+    for (const auto& [out, out_name] : {std::pair<const at::Tensor&, const char*>{q, "q"}, {k, "k"}}) {
+      const overlap::Answer a = overlap::tensors(*t, out);
+      TORCH_CHECK(a == overlap::Answer::No, op, ": ", name, " must not share memory with ", out_name,
+                  ", which is rotated in place; pass a copy");
+    }
   }
 }
 
@@ -276,13 +421,18 @@ void rope_frequency(const char* op, const at::Tensor& q, const at::Tensor& k, co
                     bool interleaved, std::string_view layout, int64_t offset, bool inverse, const Backend& backend) {
   const RopeInputs in = check_qk(op, q, k, layout);
   const bool in_place = dst_q == nullptr;
-  if (in_place) check_inplace(op, q, k);
+  if (in_place) check_inplace_outputs(op, q, k);
   RopeProblem p;
   p.batch = in.q.batch;
   p.seq = in.q.seq;
   p.head_dim = in.q.head_dim;
-  check_positions(op, p, q, positions, cu_seqlens, layout, offset, backend);
+  PositionInfo info;
+  check_positions(op, p, info, q, positions, cu_seqlens, layout, offset, backend);
   const at::Tensor inv64 = check_inv_freq(op, q, inv_freq, in.q.head_dim, attention_factor);
+  check_angle_domain(op, inv64, info, backend);
+  if (in_place) {
+    check_inputs_apart(op, q, k, {{&info.positions, "positions"}, {&info.cu_seqlens, "cu_seqlens"}, {&inv64, "inv_freq"}});
+  }
   p.rot_dim = 2 * inv64.size(0);
   p.interleaved = interleaved;
   p.inverse = inverse;
@@ -321,38 +471,38 @@ namespace {
 std::pair<at::Tensor, at::Tensor> cos_sin_problem(const char* op, RopeProblem& p, const at::Tensor& q,
                                                   const at::Tensor& cos_in, const at::Tensor& sin_in,
                                                   const std::optional<at::Tensor>& positions, std::string_view layout,
-                                                  const RopeInputs& in, const Backend& backend) {
+                                                  const RopeInputs& in, PositionInfo& info, const Backend& backend) {
   check_same_device(op, q, "q", cos_in, "cos");
   check_same_device(op, q, "q", sin_in, "sin");
+  TORCH_CHECK(cos_in.dim() >= 2 && cos_in.dim() <= 3, op, ": cos must be [seq, rotary_dim] or [batch, seq, rotary_dim]",
+              ", got shape ", cos_in.sizes());
   TORCH_CHECK(cos_in.sizes() == sin_in.sizes(), op, ": cos and sin must have the same shape, got ", cos_in.sizes(),
               " and ", sin_in.sizes());
   TORCH_CHECK(is_float_dtype(cos_in.scalar_type()) && is_float_dtype(sin_in.scalar_type()), op,
               ": cos and sin must be floating point, got ", cos_in.scalar_type(), " and ", sin_in.scalar_type());
   const int64_t rot = cos_in.size(-1);
-  TORCH_CHECK(cos_in.dim() >= 2 && cos_in.dim() <= 3, op, ": cos must be [seq, rotary_dim] or [batch, seq, rotary_dim]",
-              ", got shape ", cos_in.sizes());
   TORCH_CHECK(rot >= 2 && rot % 2 == 0 && rot <= in.q.head_dim, op, ": cos/sin last dim is the rotary dim; it must be even",
               " and in [2, head_dim = ", in.q.head_dim, "], got ", rot);
   at::Tensor cos = cos_in.scalar_type() == q.scalar_type() ? cos_in : cos_in.to(q.scalar_type());
   at::Tensor sin = sin_in.scalar_type() == q.scalar_type() ? sin_in : sin_in.to(q.scalar_type());
-  if (cos.stride(-1) != 1) cos = cos.contiguous();
-  if (sin.stride(-1) != 1) sin = sin.contiguous();
-  TORCH_CHECK(cos.strides() == sin.strides(), op, ": cos and sin must have the same strides, got ", cos.strides(),
-              " and ", sin.strides());
+  // The kernels read both tables with cos's row strides and a contiguous last dim: any other
+  // layout is copied to a contiguous one (a table is small next to q and k).
+  if (cos.stride(-1) != 1 || sin.strides() != cos.strides()) {
+    cos = cos.contiguous();
+    sin = sin.contiguous();
+  }
   p.rot_dim = rot;
   p.cos = cos.data_ptr();
   p.sin = sin.data_ptr();
   if (positions.has_value()) {
     TORCH_CHECK(cos.dim() == 2, op, ": with positions, cos and sin must be tables [max_positions, rotary_dim], got shape ",
                 cos.sizes());
-    check_positions(op, p, q, positions, std::nullopt, layout, 0, backend);
+    check_positions(op, p, info, q, positions, std::nullopt, layout, 0, backend);
     // Gathered rows must exist: check the range on the host (when values may be read; the kernels
     // clamp the row index in any case, so a bad position never reads out of bounds).
-    const at::Tensor pos = *positions;
-    if (pos.numel() > 0 && may_read(pos, backend)) {
-      const int64_t lo = pos.min().item<int64_t>(), hi = pos.max().item<int64_t>();
-      TORCH_CHECK(lo >= 0 && hi < cos.size(0), op, ": positions must be in [0, ", cos.size(0), ") to index cos/sin, got [",
-                  lo, ", ", hi, "]");
+    if (info.known) {
+      TORCH_CHECK(info.lo >= 0 && info.hi < cos.size(0), op, ": positions must be in [0, ", cos.size(0),
+                  ") to index cos/sin, got [", info.lo, ", ", info.hi, "]");
     }
     p.cs_by_position = true;
     p.cs_rows = cos.size(0);
@@ -376,12 +526,16 @@ void rope_table(const char* op, const at::Tensor& q, const at::Tensor& k, const 
                 const std::optional<at::Tensor>& positions, std::string_view layout, bool inverse, const Backend& backend) {
   const RopeInputs in = check_qk(op, q, k, layout);
   const bool in_place = dst_q == nullptr;
-  if (in_place) check_inplace(op, q, k);
+  if (in_place) check_inplace_outputs(op, q, k);
   RopeProblem p;
   p.batch = in.q.batch;
   p.seq = in.q.seq;
   p.head_dim = in.q.head_dim;
-  const auto tables = cos_sin_problem(op, p, q, cos, sin, positions, layout, in, backend);  // keeps converted tables alive
+  PositionInfo info;
+  const auto tables = cos_sin_problem(op, p, q, cos, sin, positions, layout, in, info, backend);  // keeps converted tables alive
+  if (in_place) {
+    check_inputs_apart(op, q, k, {{&tables.first, "cos"}, {&tables.second, "sin"}, {&info.positions, "positions"}});
+  }
   p.inverse = inverse;
   p.copy_passthrough = !in_place && p.rot_dim < p.head_dim;
   fill_operand(p.q, in.q, q, in_place ? q : *dst_q, layout, op);

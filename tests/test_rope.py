@@ -364,7 +364,8 @@ def test_inplace_rejects_overlapping_q_and_k_and_grad():
     q, _, inv = _bad_cases()
     with pytest.raises(RuntimeError, match="q and k must not share memory"):
         pn.apply_rope_(q, q, inv_freq=inv)
-    with pytest.raises(RuntimeError, match="not differentiable"):
+    # torch's rule for in-place ops (issue 8): a leaf that requires grad is refused under grad mode
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad is being used in an in-place operation"):
         pn.apply_rope_(q.clone().requires_grad_(), inv_freq=inv)
 
 

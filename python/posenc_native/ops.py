@@ -18,6 +18,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 Positions = Union[int, torch.Tensor, Sequence[int]]
 _LAYOUTS = ("bshd", "bhsd", "thd")
+_LAYOUT_DIMS = {"bshd": 4, "bhsd": 4, "thd": 3}
+# The position domain checked by the ops (README "Guarantees"): |position + offset| <= 2^48.
+MAX_POSITION = 2 ** 48
 
 __all__ = [
     "sinusoidal_table",
@@ -28,18 +31,63 @@ __all__ = [
 ]
 
 # --------------------------------------------------------------------------------------------
+# Argument checks: a TypeError/ValueError naming the argument, before anything reaches the ops.
+# SymInt/SymFloat (torch.compile) pass through untouched, so no guard or recompile is added.
+
+
+def _check_int(name: str, value, *, optional: bool = False):
+    if value is None and optional:
+        return None
+    if isinstance(value, torch.SymInt):
+        return value
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    return value.__index__()
+
+
+def _check_float(name: str, value) -> float:
+    if isinstance(value, (torch.SymFloat, torch.SymInt)):
+        return value
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
+def _check_bool(name: str, value) -> bool:
+    if isinstance(value, bool) or type(value).__name__ == "bool_" or (isinstance(value, int) and value in (0, 1)):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+
+
+def _check_tensor(name: str, value, *, optional: bool = False, dims: Optional[Sequence[int]] = None,
+                  shape_text: str = "") -> Optional[torch.Tensor]:
+    if value is None and optional:
+        return None
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor{' or None' if optional else ''}, got {type(value).__name__}")
+    if dims is not None and value.dim() not in dims:
+        raise ValueError(f"{name} must be {shape_text or ' or '.join(f'{d}-D' for d in dims)}, got shape "
+                         f"{tuple(value.shape)}")
+    return value
+
+
+# --------------------------------------------------------------------------------------------
 # Sinusoidal
 
 
 def _positions_tensor(positions: Positions, device) -> torch.Tensor:
     if isinstance(positions, bool):
         raise TypeError("positions must be an int length or a 1-D tensor of positions, got bool")
-    if isinstance(positions, int):
+    if isinstance(positions, (int, torch.SymInt)):
         if positions < 0:
             raise ValueError(f"positions must be a length >= 0, got {positions}")
         return torch.arange(positions, device=device)
     if not isinstance(positions, torch.Tensor):
-        positions = torch.as_tensor(positions)
+        try:
+            positions = torch.as_tensor(positions)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise TypeError(f"positions must be an int length, a 1-D tensor or a sequence of numbers, got "
+                            f"{type(positions).__name__} ({e})") from None
     return positions if device is None else positions.to(device)
 
 
@@ -60,9 +108,14 @@ def sinusoidal_table(positions: Positions, dim: int, *, base: float = 10000.0, i
         dtype: float32, float16, bfloat16 or float64 output.
         device: where to build the table (default: the positions' device, or CPU for an int).
     """
+    dim = _check_int("dim", dim)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__} {dtype!r}")
     pos = _positions_tensor(positions, device)
-    return torch.ops.posenc.sinusoidal_table(pos, int(dim), float(base), bool(interleaved), float(freq_shift),
-                                             float(angle_scale), bool(cos_first), dtype)
+    return torch.ops.posenc.sinusoidal_table(pos, dim, _check_float("base", base), _check_bool("interleaved", interleaved),
+                                             _check_float("freq_shift", freq_shift),
+                                             _check_float("angle_scale", angle_scale),
+                                             _check_bool("cos_first", cos_first), dtype)
 
 
 def add_sinusoidal(x: torch.Tensor, positions: Optional[torch.Tensor] = None, *, offset: int = 0,
@@ -73,19 +126,31 @@ def add_sinusoidal(x: torch.Tensor, positions: Optional[torch.Tensor] = None, *,
     Args:
         x: ``[batch, seq, dim]`` or ``[seq, dim]``; float32/float16/bfloat16/float64, any strides.
         positions: ``[seq]`` or ``[batch, seq]`` integer or float positions; default
-            ``arange(seq) + offset``.
-        offset: first position when ``positions`` is None (e.g. the cache length while decoding).
+            ``arange(seq)``.
+        offset: added to every position, given or default (e.g. the cache length while decoding);
+            computed in int64 (float64 for float positions), so int32 positions never wrap.
+            ``|offset| <= 2**48``, the position domain.
         x_scale: multiplies x first (``sqrt(d_model)`` in the original transformer).
         Other options as in :func:`sinusoidal_table`.
 
     Differentiable with respect to x.
     """
+    x = _check_tensor("x", x)  # its shape is checked by the op (a 1-D x has no seq dim to default from)
+    positions = _check_tensor("positions", positions, optional=True)
+    offset = _check_int("offset", offset)
+    if not -MAX_POSITION <= offset <= MAX_POSITION:
+        raise ValueError(f"offset must lie in [-2**48, 2**48] (the position domain), got {offset}")
     if positions is None:
-        positions = torch.arange(x.shape[-2], device=x.device) + offset
+        positions = torch.arange(x.shape[-2] if x.dim() >= 2 else 0, device=x.device) + offset
     elif offset:
-        positions = positions + offset
-    return torch.ops.posenc.add_sinusoidal(x, positions, float(x_scale), float(base), bool(interleaved),
-                                           float(freq_shift), float(angle_scale), bool(cos_first))
+        # int64 (float64) so that int32 positions plus a large offset cannot wrap; with |offset| and
+        # the op's |position| both bounded by 2**48, no int64 sum wraps into the domain unnoticed.
+        positions = positions.to(torch.float64 if positions.is_floating_point() else torch.int64) + offset
+    return torch.ops.posenc.add_sinusoidal(x, positions, _check_float("x_scale", x_scale), _check_float("base", base),
+                                           _check_bool("interleaved", interleaved),
+                                           _check_float("freq_shift", freq_shift),
+                                           _check_float("angle_scale", angle_scale),
+                                           _check_bool("cos_first", cos_first))
 
 
 @torch.library.register_fake("posenc::sinusoidal_table")
@@ -136,16 +201,31 @@ def rope_seq_len(config: "RopeConfig", q: torch.Tensor, positions: Optional[torc
     if positions is not None and positions.numel() > 0:
         return int(positions.max()) + int(offset) + 1
     if cu_seqlens is not None:
+        if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2:
+            raise ValueError(f"cu_seqlens must be 1-D with at least 2 entries (sequence starts and the total), got "
+                             f"shape {tuple(cu_seqlens.shape)}")
         return int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) + offset
     return q.shape[{"bshd": 1, "bhsd": 2, "thd": 0}[layout]] + offset
 
 
 def _resolve_rope_args(q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset,
                        cu_seqlens, rotary_dim):
-    if layout not in _LAYOUTS:
+    if not isinstance(layout, str) or layout not in _LAYOUTS:
         raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
+    n = _LAYOUT_DIMS[layout]
+    shape_text = "[tokens, heads, head_dim]" if layout == "thd" else f"{n}-D ({layout})"
+    q = _check_tensor("q", q, dims=(n,), shape_text=shape_text + f" for layout {layout!r}")
+    _check_tensor("k", k, optional=True, dims=(n,), shape_text=shape_text + f" for layout {layout!r}")
+    _check_tensor("positions", positions, optional=True)
+    _check_tensor("cu_seqlens", cu_seqlens, optional=True)
+    _check_tensor("inv_freq", inv_freq, optional=True)
+    offset = _check_int("offset", offset)
+    rotary_dim = _check_int("rotary_dim", rotary_dim, optional=True)
     head_dim = q.shape[-1]
     if config is not None:
+        from .config import RopeConfig
+        if not isinstance(config, RopeConfig):
+            raise TypeError(f"config must be a RopeConfig, got {type(config).__name__}")
         if inv_freq is not None:
             raise ValueError("pass either config or inv_freq, not both")
         inv_freq = config.inv_freq(seq_len=rope_seq_len(config, q, positions, layout, offset, cu_seqlens))
@@ -166,7 +246,7 @@ def _resolve_rope_args(q, k, positions, config, inv_freq, attention_factor, inte
                              f"(rotary_dim {2 * inv_freq.shape[-1]})")
     if k is None:
         k = _empty_k(q, layout)
-    return k, inv_freq, float(attention_factor), bool(interleaved)
+    return k, inv_freq, _check_float("attention_factor", attention_factor), _check_bool("interleaved", interleaved), offset
 
 
 def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None, *,
@@ -192,7 +272,7 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Opt
 
     Differentiable with respect to q and k (the backward is the transposed rotation).
     """
-    k_arg, inv_freq, attention_factor, interleaved = _resolve_rope_args(
+    k_arg, inv_freq, attention_factor, interleaved, offset = _resolve_rope_args(
         q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens, rotary_dim)
     q_out, k_out = torch.ops.posenc.rope(q, k_arg, positions, cu_seqlens, inv_freq, attention_factor, interleaved,
                                          layout, offset, False)
@@ -204,10 +284,13 @@ def apply_rope_(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Op
                 attention_factor: float = 1.0, interleaved: bool = False, layout: str = "bshd", offset: int = 0,
                 cu_seqlens: Optional[torch.Tensor] = None, rotary_dim: Optional[int] = None
                 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """In-place :func:`apply_rope` (inference: not differentiable); returns the same q and k."""
-    if torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad)):
-        raise RuntimeError("apply_rope_ rotates in place and is not differentiable; use apply_rope for training")
-    k_arg, inv_freq, attention_factor, interleaved = _resolve_rope_args(
+    """In-place :func:`apply_rope`; returns the same q and k.
+
+    Autograd follows torch's rules for in-place ops (as ``mul_``): q and k's version counters are
+    bumped; a leaf that requires grad is refused under grad mode; a non-leaf that requires grad gets
+    the in-place gradient (the inverse rotation). Out-of-place :func:`apply_rope` is the usual choice
+    for training."""
+    k_arg, inv_freq, attention_factor, interleaved, offset = _resolve_rope_args(
         q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens, rotary_dim)
     torch.ops.posenc.rope_(q, k_arg, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout,
                            offset, False)
@@ -225,8 +308,11 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     ``[max_positions, R]`` (the old convention), where it selects their rows. The result has q's
     dtype; gradients flow to q and k (not to cos/sin).
     """
-    if unsqueeze_dim not in (1, 2):
-        raise ValueError(f"unsqueeze_dim must be 1 ([B,H,S,D]) or 2 ([B,S,H,D]), got {unsqueeze_dim}")
+    for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
+        _check_tensor(name, t)
+    _check_tensor("position_ids", position_ids, optional=True)
+    if isinstance(unsqueeze_dim, bool) or unsqueeze_dim not in (1, 2):
+        raise ValueError(f"unsqueeze_dim must be 1 ([B,H,S,D]) or 2 ([B,S,H,D]), got {unsqueeze_dim!r}")
     layout = "bhsd" if unsqueeze_dim == 1 else "bshd"
     positions = position_ids if (position_ids is not None and cos.dim() == 2) else None
     return torch.ops.posenc.rope_cos_sin(q, k, cos, sin, positions, layout, False)
@@ -268,6 +354,8 @@ def _meta(t: torch.Tensor):
 
 
 def _grad_or_zeros(grad: Optional[torch.Tensor], meta) -> torch.Tensor:
+    if grad is None and meta is None:
+        raise RuntimeError("posenc: no gradient to rotate")
     if grad is None:
         shape, dtype, device = meta
         return torch.zeros(shape, dtype=dtype, device=device)
@@ -308,3 +396,106 @@ def _rope_cos_sin_backward(ctx, grad_q, grad_k):
 
 torch.library.register_autograd("posenc::rope", _rope_backward, setup_context=_rope_setup)
 torch.library.register_autograd("posenc::rope_cos_sin", _rope_cos_sin_backward, setup_context=_rope_cos_sin_setup)
+
+# --------------------------------------------------------------------------------------------
+# In-place ops and autograd: torch's rules for in-place ops (``mul_`` is the model), for the
+# Python API and the raw torch.ops.posenc.rope_ / rope_cos_sin_ alike.
+#   - ADInplaceOrView: the version counters of q and k are bumped, so a tensor saved for backward
+#     and then rotated in place is caught by autograd ("modified by an inplace operation").
+#   - Autograd: under grad mode, a leaf that requires grad (or a view of one) is refused before
+#     anything is written; a non-leaf gets its history rebased onto a node whose backward is the
+#     inverse rotation, computed by the out-of-place op (so double backward works too).
+#   - Inference tensors outside inference mode are refused by the op itself (csrc/host/plan.cpp):
+#     they carry no autograd keys, so no Python kernel would see them.
+
+_IMPL_LIB = torch.library.Library("posenc", "IMPL")
+
+
+def _inverse_rope(ctx, grad: torch.Tensor) -> torch.Tensor:
+    positions, cu_seqlens, inv_freq = ctx.saved_tensors
+    attention_factor, interleaved, layout, offset, inverse = ctx.args
+    grad = _grad_or_zeros(grad, None)
+    out, _ = torch.ops.posenc.rope(grad, _empty_k(grad, layout), positions, cu_seqlens, inv_freq, attention_factor,
+                                   interleaved, layout, offset, not inverse)
+    return out
+
+
+def _inverse_rope_cos_sin(ctx, grad: torch.Tensor) -> torch.Tensor:
+    cos, sin, positions = ctx.saved_tensors
+    layout, inverse = ctx.args
+    grad = _grad_or_zeros(grad, None)
+    out, _ = torch.ops.posenc.rope_cos_sin(grad, _empty_k(grad, layout), cos, sin, positions, layout, not inverse)
+    return out
+
+
+class _RotatedInPlace(torch.autograd.Function):
+    """Records that ``t`` was rotated in place; with ``run`` set, forward performs the rotation of q
+    and k (one call of the op, all checks before any write), else t was already rotated by the
+    previous node. One node per tensor: autograd rebases a modified view only for single outputs."""
+
+    @staticmethod
+    def forward(ctx, t, run, op, args, saved, inverse_fn):
+        if run is not None:
+            op(*run)
+        ctx.mark_dirty(t)
+        ctx.save_for_backward(*saved)
+        ctx.args = args
+        ctx.inverse_fn = inverse_fn
+        return t
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.inverse_fn(ctx, grad), None, None, None, None, None
+
+
+def _check_inplace_autograd(opname: str, q: torch.Tensor, k: torch.Tensor) -> None:
+    for name, t in (("q", q), ("k", k)):
+        if not t.requires_grad:
+            continue
+        if t.is_leaf:
+            raise RuntimeError(f"{opname}: {name} is a leaf Variable that requires grad; a leaf Variable that requires "
+                               "grad is being used in an in-place operation. Use the out-of-place op (apply_rope / "
+                               "posenc.rope), or rotate under torch.no_grad()")
+        if not t._is_view():
+            continue
+        if t._base.is_leaf and t._base.requires_grad:
+            raise RuntimeError(f"{opname}: {name} is a view of a leaf Variable that requires grad; a view of a leaf "
+                               "Variable that requires grad is being used in an in-place operation")
+        # Views autograd cannot rebase (outputs of unbind/split, views made under no_grad, ...):
+        # torch would refuse them only after the rotation; refuse them before it.
+        meta = torch._C._autograd._get_creation_meta(t)
+        if meta != torch._C._autograd.CreationMeta.DEFAULT:
+            raise RuntimeError(f"{opname}: {name} is a view that autograd cannot modify in place ({meta}: e.g. an "
+                               "output of unbind/split, or a view made under no_grad); slice the base tensor "
+                               "instead (qkv[:, :, 0]), or use the out-of-place op")
+
+
+def _register_inplace(name: str, split, inverse_fn) -> None:
+    op = getattr(torch.ops.posenc, name).default
+    opname = f"posenc.{name}"
+
+    def ad_inplace_or_view(keyset, *args):
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            op.redispatch(keyset & torch._C._after_ADInplaceOrView_keyset, *args)
+        torch.autograd.graph.increment_version((args[0], args[1]))
+
+    def autograd_kernel(keyset, *args):
+        q, k = args[0], args[1]
+        if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)):
+            with torch._C._AutoDispatchBelowAutograd():
+                return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+        _check_inplace_autograd(opname, q, k)
+        saved, ctx_args = split(args)
+        run = args
+        for t in (q, k):
+            if t.requires_grad:
+                _RotatedInPlace.apply(t, run, op, ctx_args, saved, inverse_fn)
+                run = None  # the first node rotated both; the second only records k's rotation
+        return None
+
+    _IMPL_LIB.impl(name, ad_inplace_or_view, "ADInplaceOrView", with_keyset=True)
+    _IMPL_LIB.impl(name, autograd_kernel, "Autograd", with_keyset=True)
+
+
+_register_inplace("rope_", lambda a: ((a[2], a[3], a[4]), (a[5], a[6], a[7], a[8], a[9])), _inverse_rope)
+_register_inplace("rope_cos_sin_", lambda a: ((a[2], a[3], a[4]), (a[5], a[6])), _inverse_rope_cos_sin)

@@ -45,10 +45,14 @@ def sinusoidal_table(positions, dim: int, *, base: float = 10000.0, interleaved:
 def add_sinusoidal(x: torch.Tensor, positions=None, *, offset: int = 0, x_scale: float = 1.0,
                    base: float = 10000.0, interleaved: bool = True, freq_shift: float = 0.0,
                    angle_scale: float = 1.0, cos_first: bool = False) -> torch.Tensor:
-    """x * x_scale + PE[positions] in float64 math, returned in x's dtype."""
+    """x * x_scale + PE[positions + offset] in float64 math, returned in x's dtype.
+
+    ``offset`` is added to every position, given or default (``arange(seq)``), exactly as in
+    ``ops.add_sinusoidal``: in int64 for integer positions, float64 for float ones."""
     seq, dim = x.shape[-2], x.shape[-1]
     if positions is None:
-        positions = torch.arange(seq, device=x.device) + offset
+        positions = torch.arange(seq, device=x.device)
+    positions = positions.to(torch.float64 if positions.is_floating_point() else torch.int64) + offset
     flat = positions.reshape(-1)
     pe = sinusoidal_table(flat, dim, base=base, interleaved=interleaved, freq_shift=freq_shift,
                           angle_scale=angle_scale, cos_first=cos_first, dtype=torch.float64)

@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEPS_STAMP := $(VENV)/.posenc-deps
 
-.PHONY: run test build bench clean
+.PHONY: run test build bench clean sanitize
 .DEFAULT_GOAL := test
 
 $(DEPS_STAMP): requirements-dev.txt
@@ -28,6 +28,25 @@ run: build
 test: build
 	$(BIN)/python -m pytest -q tests
 	@if [ "$${POSENC_SKIP_WHEEL_SMOKE:-0}" != 1 ]; then PYTHON=$(PYTHON) bash ci/wheel_smoke.sh; fi
+
+# The CPU op library built with AddressSanitizer and UndefinedBehaviorSanitizer (build/sanitize, its
+# own build dir), and the RoPE, sinusoidal and adversarial tests run against it. Python and torch are
+# not instrumented, so libasan is preloaded; leak checks are off (CPython and torch keep allocations
+# until exit). Any ASan report aborts, and UBSan does too (-fno-sanitize-recover): the run fails.
+SAN_DIR := build/sanitize
+SAN_CXX ?= c++
+SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+SAN_TESTS ?= tests/test_rope.py tests/test_sinusoidal.py tests/test_adversarial.py
+SAN_ENV = LD_PRELOAD="$$($(SAN_CXX) -print-file-name=libasan.so) $$($(SAN_CXX) -print-file-name=libubsan.so)" \
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1:detect_odr_violation=0:alloc_dealloc_mismatch=0 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	POSENC_LIBRARY=$(CURDIR)/$(SAN_DIR)/libposenc_ops.so PYTHONPATH=$(CURDIR)/python
+sanitize: $(DEPS_STAMP)
+	$(BIN)/cmake -S . -B $(SAN_DIR) -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(BIN))/ninja \
+		-DPython_EXECUTABLE=$(abspath $(BIN))/python -DPOSENC_CUDA=OFF -DCMAKE_BUILD_TYPE=Release \
+		-DCMAKE_CXX_COMPILER=$(SAN_CXX) "-DCMAKE_CXX_FLAGS=$(SAN_FLAGS)" >/dev/null
+	$(BIN)/cmake --build $(SAN_DIR) -j2
+	$(SAN_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider $(SAN_TESTS)
 
 bench: build
 	$(BIN)/python benchmarks/bench_cpu.py

@@ -36,17 +36,15 @@ __all__ = [
 
 
 def _check_int(name: str, value, *, optional: bool = False):
-    if value is None and optional:
-        return None
-    if isinstance(value, torch.SymInt):
-        return value
+    if (value is None and optional) or torch.compiler.is_compiling():
+        return value  # traced ints are SymInts: __index__ would specialize them
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     return value.__index__()
 
 
 def _check_float(name: str, value) -> float:
-    if isinstance(value, (torch.SymFloat, torch.SymInt)):
+    if isinstance(value, (torch.SymFloat, torch.SymInt)) or torch.compiler.is_compiling():
         return value
     if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")

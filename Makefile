@@ -46,7 +46,8 @@ sanitize: $(DEPS_STAMP)
 		-DPython_EXECUTABLE=$(abspath $(BIN))/python -DPOSENC_CUDA=OFF -DCMAKE_BUILD_TYPE=Release \
 		-DCMAKE_CXX_COMPILER=$(SAN_CXX) "-DCMAKE_CXX_FLAGS=$(SAN_FLAGS)" >/dev/null
 	$(BIN)/cmake --build $(SAN_DIR) -j2
-	$(SAN_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider $(SAN_TESTS)
+	@# --capture=sys: a sanitizer report (written to fd 2, then abort) must reach the log
+	$(SAN_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider --capture=sys $(SAN_TESTS)
 
 bench: build
 	$(BIN)/python benchmarks/bench_cpu.py

@@ -702,3 +702,18 @@ def test_add_sinusoidal_offset_same_in_op_and_reference(seed, offset, kind):
     # angles up to 2^30 rad: the op's and the reference's float64 frequencies may differ by an ulp,
     # which moves an angle by up to 2^30 * 2^-52
     assert rel_err(out, truth) <= 1e-6
+
+
+def test_angle_inputs_requiring_grad_are_refused_not_ignored():
+    """The ops differentiate q and k only: cos/sin/inv_freq that want a gradient get an error."""
+    q = torch.randn(1, 5, 2, 8, dtype=torch.float64, requires_grad=True)
+    cos = torch.randn(5, 8, dtype=torch.float64, requires_grad=True)
+    sin = torch.randn(5, 8, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="cos requires grad"):
+        pn.apply_rotary_pos_emb(q, q.detach(), cos, sin, unsqueeze_dim=2)
+    with pytest.raises(RuntimeError, match="inv_freq requires grad"):
+        pn.apply_rope(q, inv_freq=inv_freq(8).requires_grad_())
+    with pytest.raises(RuntimeError, match="cos requires grad"):
+        torch.ops.posenc.rope_cos_sin_(q * 1.0, q.new_empty(1, 5, 0, 8), cos, sin, None, "bshd", False)
+    with torch.no_grad():  # no gradient wanted: fine
+        pn.apply_rotary_pos_emb(q, q, cos, sin, unsqueeze_dim=2)

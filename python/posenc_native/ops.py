@@ -360,8 +360,18 @@ def _grad_or_zeros(grad: Optional[torch.Tensor], meta) -> torch.Tensor:
     return grad if grad.stride(-1) == 1 or grad.shape[-1] <= 1 else grad.contiguous()
 
 
+def _no_grad_for(op: str, **tensors) -> None:
+    """The ops differentiate q, k and x only: an angle input that wants a gradient is an error,
+    not a silently missing gradient."""
+    for name, t in tensors.items():
+        if t is not None and t.requires_grad:
+            raise RuntimeError(f"{op}: {name} requires grad, but gradients flow only to q and k; detach {name} "
+                               "(or compute the rotation with plain torch ops if you need its gradient)")
+
+
 def _rope_setup(ctx, inputs, output):
     q, k, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, inverse = inputs
+    _no_grad_for("posenc.rope", inv_freq=inv_freq)
     ctx.save_for_backward(positions, cu_seqlens, inv_freq)
     ctx.args = (attention_factor, interleaved, layout, offset, inverse)
     ctx.metas = (_meta(q), _meta(k))
@@ -378,6 +388,7 @@ def _rope_backward(ctx, grad_q, grad_k):
 
 def _rope_cos_sin_setup(ctx, inputs, output):
     q, k, cos, sin, positions, layout, inverse = inputs
+    _no_grad_for("posenc.rope_cos_sin", cos=cos, sin=sin)
     ctx.save_for_backward(cos, sin, positions)
     ctx.args = (layout, inverse)
     ctx.metas = (_meta(q), _meta(k))
@@ -484,6 +495,8 @@ def _register_inplace(name: str, split, inverse_fn) -> None:
                 return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
         _check_inplace_autograd(opname, q, k)
         saved, ctx_args = split(args)
+        _no_grad_for(opname, **dict(zip(("cos", "sin") if "cos" in name else ("positions", "cu_seqlens", "inv_freq"),
+                                        saved)))
         run = args
         for t in (q, k):
             if t.requires_grad:

@@ -581,6 +581,7 @@ BAD_CALLS = [
     ("positions a list", lambda: pn.apply_rope(q4, None, [0, 1, 2], inv_freq=inv_freq(8)), "positions"),
     ("inv_freq a list", lambda: pn.apply_rope(q4, inv_freq=[1.0, 0.1]), "inv_freq"),
     ("offset float", lambda: pn.apply_rope(q4, inv_freq=inv_freq(8), offset=2.5), "offset"),
+    ("offset past int64", lambda: pn.apply_rope(q4, inv_freq=inv_freq(8), offset=2 ** 64), "offset"),
     ("rotary_dim float", lambda: pn.apply_rope(q4, inv_freq=inv_freq(8), rotary_dim=8.0), "rotary_dim"),
     ("interleaved str", lambda: pn.apply_rope(q4, inv_freq=inv_freq(8), interleaved="no"), "interleaved"),
     ("attention_factor str", lambda: pn.apply_rope(q4, inv_freq=inv_freq(8), attention_factor="x"),

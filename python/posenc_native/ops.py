@@ -218,6 +218,8 @@ def _resolve_rope_args(q, k, positions, config, inv_freq, attention_factor, inte
     _check_tensor("cu_seqlens", cu_seqlens, optional=True)
     _check_tensor("inv_freq", inv_freq, optional=True)
     offset = _check_int("offset", offset)
+    if isinstance(offset, int) and not -(2 ** 63) <= offset < 2 ** 63:
+        raise ValueError(f"offset must fit in int64, got {offset}")
     rotary_dim = _check_int("rotary_dim", rotary_dim, optional=True)
     head_dim = q.shape[-1]
     if config is not None:

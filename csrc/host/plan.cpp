@@ -1,6 +1,8 @@
 #include "host/plan.h"
 
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/core/InferenceMode.h>
+#include <torch/library.h>
 #include <cmath>
 #include <limits>
 
@@ -36,9 +38,44 @@ struct ValueRange {
   double fmin = 0, fmax = 0;
 };
 
+template <typename T>
+void scan_cpu(const at::Tensor& t, ValueRange& r) {
+  // 1-D or 2-D, any strides: a plain loop costs far less than reductions for the short index
+  // tensors of a decode step.
+  const T* data = t.const_data_ptr<T>();
+  const int64_t rows = t.dim() == 2 ? t.size(0) : 1, cols = t.size(-1);
+  const int64_t rs = t.dim() == 2 ? t.stride(0) : 0, cs = t.stride(-1);
+  T lo = data[0], hi = data[0];
+  bool nan = false;
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) {
+      const T v = data[i * rs + j * cs];
+      nan |= v != v;
+      lo = v < lo ? v : lo;
+      hi = v > hi ? v : hi;
+    }
+  }
+  if constexpr (std::is_integral_v<T>) {
+    r.imin = lo;
+    r.imax = hi;
+  } else {
+    r.fmin = nan ? NAN : static_cast<double>(lo);
+    r.fmax = nan ? NAN : static_cast<double>(hi);
+  }
+}
+
 ValueRange value_range(const at::Tensor& t) {
   ValueRange r;
   r.integral = !at::isFloatingType(t.scalar_type());
+  if (t.device().is_cpu() && t.dim() <= 2) {
+    switch (t.scalar_type()) {
+      case at::kInt: scan_cpu<int32_t>(t, r); return r;
+      case at::kLong: scan_cpu<int64_t>(t, r); return r;
+      case at::kFloat: scan_cpu<float>(t, r); return r;
+      case at::kDouble: scan_cpu<double>(t, r); return r;
+      default: break;
+    }
+  }
   auto [mn, mx] = at::aminmax(t);
   const at::Tensor both = at::stack({mn, mx}).to(at::kCPU, r.integral ? at::kLong : at::kDouble);
   if (r.integral) {
@@ -560,3 +597,26 @@ void rope_cos_sin_inplace_op(const at::Tensor& q, const at::Tensor& k, const at:
 }
 
 }  // namespace posenc
+
+// The in-place ops bump the version counters of q and k after writing them (torch's rule for
+// in-place ops: autograd then catches a rotated tensor that an earlier op saved for backward),
+// whatever the backend. The Autograd kernels (leaf checks, in-place gradient) are registered from
+// Python, posenc_native/ops.py.
+namespace {
+void redispatch_then_bump(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const size_t n = op.schema().arguments().size();
+  const at::Tensor q = (*stack)[stack->size() - n].toTensor();
+  const at::Tensor k = (*stack)[stack->size() - n + 1].toTensor();
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
+  }
+  q.unsafeGetTensorImpl()->bump_version();
+  k.unsafeGetTensorImpl()->bump_version();
+}
+}  // namespace
+
+TORCH_LIBRARY_IMPL(posenc, ADInplaceOrView, m) {
+  m.impl("rope_", torch::CppFunction::makeFromBoxedFunction<&redispatch_then_bump>());
+  m.impl("rope_cos_sin_", torch::CppFunction::makeFromBoxedFunction<&redispatch_then_bump>());
+}

@@ -36,6 +36,8 @@ __all__ = [
 
 
 def _check_int(name: str, value, *, optional: bool = False):
+    if type(value) is int:  # the common case first: these run on every call
+        return value
     if (value is None and optional) or torch.compiler.is_compiling():
         return value  # traced ints are SymInts: __index__ would specialize them
     if isinstance(value, bool) or not hasattr(value, "__index__"):
@@ -44,6 +46,8 @@ def _check_int(name: str, value, *, optional: bool = False):
 
 
 def _check_float(name: str, value) -> float:
+    if type(value) is float:
+        return value
     if isinstance(value, (torch.SymFloat, torch.SymInt)) or torch.compiler.is_compiling():
         return value
     if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
@@ -52,6 +56,8 @@ def _check_float(name: str, value) -> float:
 
 
 def _check_bool(name: str, value) -> bool:
+    if value is True or value is False:
+        return value
     if isinstance(value, bool) or type(value).__name__ == "bool_" or (isinstance(value, int) and value in (0, 1)):
         return bool(value)
     raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
@@ -292,8 +298,12 @@ def apply_rope_(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Op
     for training."""
     k_arg, inv_freq, attention_factor, interleaved, offset = _resolve_rope_args(
         q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens, rotary_dim)
-    torch.ops.posenc.rope_(q, k_arg, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout,
-                           offset, False)
+    args = (q, k_arg, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, False)
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k_arg.requires_grad)):
+        torch.ops.posenc.rope_(*args)
+    else:  # what the Autograd kernel would do, without its Python round trip (decode steps are short)
+        with torch._C._AutoDispatchBelowAutograd():
+            torch.ops.posenc.rope_(*args)
     return q, k
 
 
@@ -411,8 +421,8 @@ torch.library.register_autograd("posenc::rope_cos_sin", _rope_cos_sin_backward, 
 # --------------------------------------------------------------------------------------------
 # In-place ops and autograd: torch's rules for in-place ops (``mul_`` is the model), for the
 # Python API and the raw torch.ops.posenc.rope_ / rope_cos_sin_ alike.
-#   - ADInplaceOrView: the version counters of q and k are bumped, so a tensor saved for backward
-#     and then rotated in place is caught by autograd ("modified by an inplace operation").
+#   - ADInplaceOrView (C++, csrc/host/plan.cpp): the version counters of q and k are bumped, so a
+#     tensor saved for backward and then rotated in place is caught by autograd.
 #   - Autograd: under grad mode, a leaf that requires grad (or a view of one) is refused before
 #     anything is written; a non-leaf gets its history rebased onto a node whose backward is the
 #     inverse rotation, computed by the out-of-place op (so double backward works too).
@@ -485,11 +495,6 @@ def _register_inplace(name: str, split, inverse_fn) -> None:
     op = getattr(torch.ops.posenc, name).default
     opname = f"posenc.{name}"
 
-    def ad_inplace_or_view(keyset, *args):
-        with torch._C._AutoDispatchBelowADInplaceOrView():
-            op.redispatch(keyset & torch._C._after_ADInplaceOrView_keyset, *args)
-        torch.autograd.graph.increment_version((args[0], args[1]))
-
     def autograd_kernel(keyset, *args):
         q, k = args[0], args[1]
         if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)):
@@ -506,7 +511,6 @@ def _register_inplace(name: str, split, inverse_fn) -> None:
                 run = None  # the first node rotated both; the second only records k's rotation
         return None
 
-    _IMPL_LIB.impl(name, ad_inplace_or_view, "ADInplaceOrView", with_keyset=True)
     _IMPL_LIB.impl(name, autograd_kernel, "Autograd", with_keyset=True)
 
 

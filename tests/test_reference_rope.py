@@ -1,4 +1,4 @@
-"""reference.rope_cos_sin / reference.apply_rope: against transformers' rotations (Llama half-split,
+"""reference.rope_tables / reference.apply_rope: against transformers' rotations (Llama half-split,
 GPT-NeoX partial, GPT-J interleaved), the relative-position property in float64, layouts, partial
 rotary and the attention factor."""
 from __future__ import annotations
@@ -52,7 +52,7 @@ def test_matches_transformers_llama_apply_rotary_pos_emb(name):
     torch.testing.assert_close(rq, hq, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(rk, hk, rtol=1e-12, atol=1e-12)
     # rope_cos_sin is transformers' (cos, sin) layout for half-split configs
-    c2, s2 = reference.rope_cos_sin(pos, cfg)
+    c2, s2 = reference.rope_tables(pos, cfg)
     torch.testing.assert_close(c2, cos, rtol=0, atol=1e-14)
     torch.testing.assert_close(s2, sin, rtol=0, atol=1e-14)
 
@@ -118,7 +118,7 @@ def test_matches_transformers_gptj_interleaved():
     torch.testing.assert_close(sin32.double(), sin, rtol=0, atol=5e-4)
     torch.testing.assert_close(cos32.double(), cos, rtol=0, atol=5e-4)
     # rope_cos_sin for an interleaved config repeats each pair's value twice
-    c, sn = reference.rope_cos_sin(pos, cfg)
+    c, sn = reference.rope_tables(pos, cfg)
     assert c.shape == (b, s, r)
     torch.testing.assert_close(c, cos.repeat_interleave(2, dim=-1), rtol=0, atol=0)
     torch.testing.assert_close(sn, sin.repeat_interleave(2, dim=-1), rtol=0, atol=0)
@@ -255,7 +255,7 @@ def test_low_precision_inputs_keep_dtype(dtype):
 
 
 def test_rope_cos_sin_int_positions_and_dtype():
-    c, s = reference.rope_cos_sin(5, YARN, dtype=torch.float32)
+    c, s = reference.rope_tables(5, YARN, dtype=torch.float32)
     assert c.shape == (5, 64) and c.dtype == torch.float32
     torch.testing.assert_close(c[0], torch.full((64,), YARN.attention_factor, dtype=torch.float32))
     assert float(s[0].abs().max()) == 0.0

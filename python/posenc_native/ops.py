@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Optional, Sequence, Union
 import torch
 
 from ._library import load_library
+from ._rope_math import HEAD_AXIS, LAYOUTS, SEQ_AXIS, seq_len_from_positions
 
 load_library()
 
@@ -17,7 +18,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .config import RopeConfig
 
 Positions = Union[int, torch.Tensor, Sequence[int]]
-_LAYOUTS = ("bshd", "bhsd", "thd")
 
 __all__ = [
     "sinusoidal_table",
@@ -122,7 +122,7 @@ torch.library.register_autograd("posenc::add_sinusoidal", _add_sinusoidal_backwa
 def _empty_k(q: torch.Tensor, layout: str) -> torch.Tensor:
     """k with zero heads: the ops always take q and k; rotating q alone costs nothing extra."""
     shape = list(q.shape)
-    shape[{"bshd": 2, "bhsd": 1, "thd": 1}[layout]] = 0
+    shape[HEAD_AXIS[layout]] = 0
     return q.new_empty(shape)
 
 
@@ -134,22 +134,23 @@ def rope_seq_len(config: "RopeConfig", q: torch.Tensor, positions: Optional[torc
     if not config.needs_seq_len:
         return None
     if positions is not None and positions.numel() > 0:
-        return int(positions.max()) + int(offset) + 1
+        return seq_len_from_positions(positions, offset)
     if cu_seqlens is not None:
         return int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) + offset
-    return q.shape[{"bshd": 1, "bhsd": 2, "thd": 0}[layout]] + offset
+    return q.shape[SEQ_AXIS[layout]] + offset
 
 
 def _resolve_rope_args(q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset,
                        cu_seqlens, rotary_dim):
-    if layout not in _LAYOUTS:
-        raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     head_dim = q.shape[-1]
     if config is not None:
         if inv_freq is not None:
             raise ValueError("pass either config or inv_freq, not both")
-        inv_freq = config.inv_freq(seq_len=rope_seq_len(config, q, positions, layout, offset, cu_seqlens))
-        inv_freq = inv_freq.to(device=q.device)
+        # cached per (config, device, regime): no host work that depends only on the config
+        seq_len = rope_seq_len(config, q, positions, layout, offset, cu_seqlens) if config.needs_seq_len else None
+        inv_freq = config.inv_freq_on(q.device, seq_len)
         attention_factor = config.attention_factor
         interleaved = config.interleaved
         if rotary_dim is not None and rotary_dim != config.rotary_dim:

@@ -27,6 +27,7 @@ class DeviceFrequencies:
         self._entries: dict = {}
         self._lock = threading.Lock()
 
+    @torch.compiler.assume_constant_result
     def get(self, device: torch.device, seq_len: Optional[int]) -> torch.Tensor:
         cfg = self._config
         key = (device, cfg.scaling.regime(cfg, seq_len) if cfg.needs_seq_len else None)

@@ -10,6 +10,7 @@ import copy
 import pickle
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -111,6 +112,35 @@ def test_shared_config_in_place_and_frequencies_under_threads(scheme):
 
     run_threads(work)
     assert len(cfg._frequencies._entries) <= cfg._frequencies.MAX_ENTRIES  # bounded, even for dynamic NTK
+
+
+class YieldingInt(int):
+    """An int that lets other threads run whenever a cache hashes or compares it: it opens the
+    windows between a cache's lookups and writes that the interpreter otherwise rarely switches in."""
+
+    def __hash__(self) -> int:
+        time.sleep(0)
+        return int.__hash__(self)
+
+    def __eq__(self, other: object) -> bool:
+        time.sleep(0)
+        return int(self) == other
+
+
+@pytest.mark.parametrize("scheme", ["dynamic", "longrope"])
+def test_frequency_cache_hammered_by_threads(scheme):
+    """Many regimes, few entries: threads add and evict entries while others read (a shared dict
+    cleared in place raised KeyError here)."""
+    cfg = make_config(scheme)
+    module = pn.RotaryEmbedding(cfg)
+    expected = {n: cfg.inv_freq(n) for n in range(0, 400)}
+
+    def work(i: int, gen: torch.Generator) -> None:
+        lengths = torch.randint(0, 400, (1500,), generator=gen).tolist()
+        for n in lengths:
+            assert torch.equal(module.inv_freq(torch.device("cpu"), YieldingInt(n)), expected[n])
+
+    run_threads(work)
 
 
 def test_seed_modules_shared_under_threads():

@@ -9,7 +9,7 @@ import torch
 
 from . import ops, reference
 
-# Tolerances of the numerics contract (DESIGN.md section 2): relative, norm-wise.
+# Tolerances of the numerics contract (docs/architecture.md, "Numerics"): relative, norm-wise.
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float64: 1e-12}
 
 

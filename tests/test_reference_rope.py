@@ -262,3 +262,18 @@ def test_rope_cos_sin_int_positions_and_dtype():
     angles = reference.rope_angles(torch.tensor([1 << 20]), YARN.inv_freq())
     assert angles.dtype == torch.float64
     assert float(angles[0, 0]) == float(1 << 20)  # inv_freq[0] is 1: the product is exact in float64
+
+
+def test_renamed_reference_names_warn_and_agree():
+    """reference.rope_cos_sin (now rope_tables) and apply_rope(cfg=) (now config=) still work, with a warning."""
+    cfg = RopeConfig(head_dim=8, scaling=YarnScaling(factor=4.0, original_max_position_embeddings=16))
+    pos = torch.randint(0, 100, (2, 5))
+    with pytest.warns(DeprecationWarning, match="rope_tables"):
+        old = reference.rope_cos_sin(pos, cfg)
+    new = reference.rope_tables(pos, cfg)
+    assert all(torch.equal(a, b) for a, b in zip(old, new))
+    q = torch.randn(2, 5, 3, 8, dtype=torch.float64)
+    with pytest.warns(DeprecationWarning, match="config="):
+        old_q, _ = reference.apply_rope(q, None, pos, cfg=cfg)
+    assert torch.equal(old_q, reference.apply_rope(q, None, pos, config=cfg)[0])
+    assert torch.equal(old_q, reference.apply_rope(q, None, pos, cfg)[0])

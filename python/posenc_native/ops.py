@@ -5,6 +5,7 @@ the op schemas of csrc/registration.cpp and teaches torch.compile/export and aut
 """
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 import torch
@@ -148,15 +149,15 @@ def _resolve_rope_args(q, k, positions, config, inv_freq, attention_factor, inte
     if config is not None:
         if inv_freq is not None:
             raise ValueError("pass either config or inv_freq, not both")
-        # cached per (config, device, regime): no host work that depends only on the config
-        seq_len = rope_seq_len(config, q, positions, layout, offset, cu_seqlens) if config.needs_seq_len else None
-        inv_freq = config.inv_freq_on(q.device, seq_len)
-        attention_factor = config.attention_factor
-        interleaved = config.interleaved
         if rotary_dim is not None and rotary_dim != config.rotary_dim:
             raise ValueError(f"rotary_dim={rotary_dim} disagrees with config.rotary_dim={config.rotary_dim}")
         if config.head_dim != head_dim:
             raise ValueError(f"q's head_dim is {head_dim} but config.head_dim is {config.head_dim}")
+        # frequencies cached per (config, device, regime), attention factor computed once: no host
+        # work that depends only on the config, and positions are read only when the scheme needs it
+        seq_len = rope_seq_len(config, q, positions, layout, offset, cu_seqlens) if config.needs_seq_len else None
+        return (_empty_k(q, layout) if k is None else k, config.inv_freq_on(q.device, seq_len),
+                config.attention_factor, config.interleaved)
     if inv_freq is None:
         raise ValueError("apply_rope needs config= or inv_freq=")
     if rotary_dim is not None:
@@ -168,6 +169,18 @@ def _resolve_rope_args(q, k, positions, config, inv_freq, attention_factor, inte
     if k is None:
         k = _empty_k(q, layout)
     return k, inv_freq, float(attention_factor), bool(interleaved)
+
+
+_NO_SKIP = contextlib.nullcontext()
+
+
+def _autograd_skipped(q: torch.Tensor, k: torch.Tensor):
+    """Skips the ops' autograd kernel when no gradient can flow (eager mode only): that kernel is
+    Python (``register_autograd`` below) and costs several microseconds per call even when no input
+    requires grad, which dominates a decode step. Under torch.compile the kernel is traced away."""
+    if (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)) or torch.compiler.is_compiling():
+        return _NO_SKIP
+    return torch._C._AutoDispatchBelowAutograd()
 
 
 def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None, *,
@@ -195,8 +208,9 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Opt
     """
     k_arg, inv_freq, attention_factor, interleaved = _resolve_rope_args(
         q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens, rotary_dim)
-    q_out, k_out = torch.ops.posenc.rope(q, k_arg, positions, cu_seqlens, inv_freq, attention_factor, interleaved,
-                                         layout, offset, False)
+    with _autograd_skipped(q, k_arg):
+        q_out, k_out = torch.ops.posenc.rope(q, k_arg, positions, cu_seqlens, inv_freq, attention_factor,
+                                             interleaved, layout, offset, False)
     return q_out, (k_out if k is not None else None)
 
 
@@ -230,7 +244,8 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         raise ValueError(f"unsqueeze_dim must be 1 ([B,H,S,D]) or 2 ([B,S,H,D]), got {unsqueeze_dim}")
     layout = "bhsd" if unsqueeze_dim == 1 else "bshd"
     positions = position_ids if (position_ids is not None and cos.dim() == 2) else None
-    return torch.ops.posenc.rope_cos_sin(q, k, cos, sin, positions, layout, False)
+    with _autograd_skipped(q, k):
+        return torch.ops.posenc.rope_cos_sin(q, k, cos, sin, positions, layout, False)
 
 
 def _check_rope_fake(op: str, q, k, *others) -> None:

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+import posenc_native
 from posenc_native import reference
 from posenc_native.config import LongRopeScaling, RopeConfig, YarnScaling
 
@@ -277,3 +278,25 @@ def test_renamed_reference_names_warn_and_agree():
         old_q, _ = reference.apply_rope(q, None, pos, cfg=cfg)
     assert torch.equal(old_q, reference.apply_rope(q, None, pos, config=cfg)[0])
     assert torch.equal(old_q, reference.apply_rope(q, None, pos, cfg)[0])
+
+
+@pytest.mark.parametrize("which", ["q", "k", "none"])
+def test_out_of_place_gradients_whichever_input_requires_grad(which):
+    """The wrappers skip the autograd kernel only when no input requires grad; a gradient asked for
+    on q alone or on k alone still arrives, equal to the reference's (the transposed rotation)."""
+    cfg = RopeConfig(head_dim=8, scaling=YarnScaling(factor=4.0, original_max_position_embeddings=16))
+    pos = torch.randint(0, 100, (5,))
+    q = torch.randn(2, 5, 3, 8, dtype=torch.float64, requires_grad=which == "q")
+    k = torch.randn(2, 5, 1, 8, dtype=torch.float64, requires_grad=which == "k")
+    out_q, out_k = posenc_native.apply_rope(q, k, pos, config=cfg)
+    ref_q, ref_k = reference.apply_rope(q, k, pos, cfg)
+    torch.testing.assert_close(out_q, ref_q, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(out_k, ref_k, rtol=1e-12, atol=1e-12)
+    if which == "none":
+        assert out_q.grad_fn is None and out_k.grad_fn is None
+        return
+    leaf = q if which == "q" else k
+    weight_q, weight_k = torch.randn_like(out_q), torch.randn_like(out_k)
+    (got,) = torch.autograd.grad((out_q * weight_q).sum() + (out_k * weight_k).sum(), leaf)
+    (expected,) = torch.autograd.grad((ref_q * weight_q).sum() + (ref_k * weight_k).sum(), leaf)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)

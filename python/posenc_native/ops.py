@@ -178,8 +178,8 @@ def _autograd_skipped(q: torch.Tensor, k: torch.Tensor):
     """Skips the ops' autograd kernel when no gradient can flow (eager mode only): that kernel is
     Python (``register_autograd`` below) and costs several microseconds per call even when no input
     requires grad, which dominates a decode step. Under torch.compile the kernel is traced away."""
-    if (not torch.is_grad_enabled() and torch.is_inference_mode_enabled()) or (  # no autograd key to skip
-            torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)) or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)) or (
+            torch.is_inference_mode_enabled()):  # no autograd key to skip
         return _NO_SKIP
     return torch._C._AutoDispatchBelowAutograd()
 

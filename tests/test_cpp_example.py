@@ -35,7 +35,7 @@ def _tool(name: str) -> str | None:
 
 def find_cuda_toolkit() -> Path | None:
     """The real CUDA toolkit folder (bin/nvcc + include/cuda.h). nvcc on PATH may be a wrapper
-    script (DESIGN.md section 5), so a script's exec target is followed."""
+    script (as on some build machines), so a script's exec target is followed."""
     candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
     nvcc = shutil.which("nvcc")
     if nvcc:

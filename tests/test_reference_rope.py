@@ -1,4 +1,4 @@
-"""reference.rope_cos_sin / reference.apply_rope: against transformers' rotations (Llama half-split,
+"""reference.rope_tables / reference.apply_rope: against transformers' rotations (Llama half-split,
 GPT-NeoX partial, GPT-J interleaved), the relative-position property in float64, layouts, partial
 rotary and the attention factor."""
 from __future__ import annotations
@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+import posenc_native
 from posenc_native import reference
 from posenc_native.config import LongRopeScaling, RopeConfig, YarnScaling
 
@@ -52,7 +53,7 @@ def test_matches_transformers_llama_apply_rotary_pos_emb(name):
     torch.testing.assert_close(rq, hq, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(rk, hk, rtol=1e-12, atol=1e-12)
     # rope_cos_sin is transformers' (cos, sin) layout for half-split configs
-    c2, s2 = reference.rope_cos_sin(pos, cfg)
+    c2, s2 = reference.rope_tables(pos, cfg)
     torch.testing.assert_close(c2, cos, rtol=0, atol=1e-14)
     torch.testing.assert_close(s2, sin, rtol=0, atol=1e-14)
 
@@ -118,7 +119,7 @@ def test_matches_transformers_gptj_interleaved():
     torch.testing.assert_close(sin32.double(), sin, rtol=0, atol=5e-4)
     torch.testing.assert_close(cos32.double(), cos, rtol=0, atol=5e-4)
     # rope_cos_sin for an interleaved config repeats each pair's value twice
-    c, sn = reference.rope_cos_sin(pos, cfg)
+    c, sn = reference.rope_tables(pos, cfg)
     assert c.shape == (b, s, r)
     torch.testing.assert_close(c, cos.repeat_interleave(2, dim=-1), rtol=0, atol=0)
     torch.testing.assert_close(sn, sin.repeat_interleave(2, dim=-1), rtol=0, atol=0)
@@ -255,10 +256,47 @@ def test_low_precision_inputs_keep_dtype(dtype):
 
 
 def test_rope_cos_sin_int_positions_and_dtype():
-    c, s = reference.rope_cos_sin(5, YARN, dtype=torch.float32)
+    c, s = reference.rope_tables(5, YARN, dtype=torch.float32)
     assert c.shape == (5, 64) and c.dtype == torch.float32
     torch.testing.assert_close(c[0], torch.full((64,), YARN.attention_factor, dtype=torch.float32))
     assert float(s[0].abs().max()) == 0.0
     angles = reference.rope_angles(torch.tensor([1 << 20]), YARN.inv_freq())
     assert angles.dtype == torch.float64
     assert float(angles[0, 0]) == float(1 << 20)  # inv_freq[0] is 1: the product is exact in float64
+
+
+def test_renamed_reference_names_warn_and_agree():
+    """reference.rope_cos_sin (now rope_tables) and apply_rope(cfg=) (now config=) still work, with a warning."""
+    cfg = RopeConfig(head_dim=8, scaling=YarnScaling(factor=4.0, original_max_position_embeddings=16))
+    pos = torch.randint(0, 100, (2, 5))
+    with pytest.warns(DeprecationWarning, match="rope_tables"):
+        old = reference.rope_cos_sin(pos, cfg)
+    new = reference.rope_tables(pos, cfg)
+    assert all(torch.equal(a, b) for a, b in zip(old, new))
+    q = torch.randn(2, 5, 3, 8, dtype=torch.float64)
+    with pytest.warns(DeprecationWarning, match="config="):
+        old_q, _ = reference.apply_rope(q, None, pos, cfg=cfg)
+    assert torch.equal(old_q, reference.apply_rope(q, None, pos, config=cfg)[0])
+    assert torch.equal(old_q, reference.apply_rope(q, None, pos, cfg)[0])
+
+
+@pytest.mark.parametrize("which", ["q", "k", "none"])
+def test_out_of_place_gradients_whichever_input_requires_grad(which):
+    """The wrappers skip the autograd kernel only when no input requires grad; a gradient asked for
+    on q alone or on k alone still arrives, equal to the reference's (the transposed rotation)."""
+    cfg = RopeConfig(head_dim=8, scaling=YarnScaling(factor=4.0, original_max_position_embeddings=16))
+    pos = torch.randint(0, 100, (5,))
+    q = torch.randn(2, 5, 3, 8, dtype=torch.float64, requires_grad=which == "q")
+    k = torch.randn(2, 5, 1, 8, dtype=torch.float64, requires_grad=which == "k")
+    out_q, out_k = posenc_native.apply_rope(q, k, pos, config=cfg)
+    ref_q, ref_k = reference.apply_rope(q, k, pos, cfg)
+    torch.testing.assert_close(out_q, ref_q, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(out_k, ref_k, rtol=1e-12, atol=1e-12)
+    if which == "none":
+        assert out_q.grad_fn is None and out_k.grad_fn is None
+        return
+    leaf = q if which == "q" else k
+    weight_q, weight_k = torch.randn_like(out_q), torch.randn_like(out_k)
+    (got,) = torch.autograd.grad((out_q * weight_q).sum() + (out_k * weight_k).sum(), leaf)
+    (expected,) = torch.autograd.grad((ref_q * weight_q).sum() + (ref_k * weight_k).sum(), leaf)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)

@@ -20,7 +20,7 @@ def default_inv_freq(rot: int, base: float = 10000.0) -> torch.Tensor:
 
 
 def yarn_inv_freq(rot: int, base: float, factor: float, original: int, beta_fast=32.0, beta_slow=1.0):
-    """YaRN frequencies and attention factor (DESIGN.md section 3), written out independently."""
+    """YaRN frequencies and attention factor (docs/architecture.md, "Scaling schemes"), written out independently."""
     inv = default_inv_freq(rot, base)
     cdim = lambda r: rot * math.log(original / (2 * math.pi * r)) / (2 * math.log(base))  # noqa: E731
     lo, hi = max(math.floor(cdim(beta_fast)), 0), min(math.ceil(cdim(beta_slow)), rot - 1)

@@ -111,7 +111,7 @@ def test_yarn_forward_matches_reference_and_formulas():
     assert yarn.attention_factor == pytest.approx(0.1 * math.log(4) + 1, abs=1e-15)
     cos, sin = yarn(500)
     assert cos.shape == sin.shape == (500, dim) and cos.dtype == torch.float32
-    rc, rs = reference.rope_cos_sin(500, yarn.config)
+    rc, rs = reference.rope_tables(500, yarn.config)
     torch.testing.assert_close(cos.double(), rc, rtol=0, atol=1e-6)
     torch.testing.assert_close(sin.double(), rs, rtol=0, atol=1e-6)
     # independent: YaRN frequencies written out, cos(angle) * attention factor, half-split layout
@@ -168,7 +168,7 @@ def test_yarn_factor_one_is_plain_rope_and_rotate():
 def test_modules_survive_half_and_validate():
     yarn = YaRNPositionalEncoding(64, original_max_position_embeddings=1024, scaling_factor=4.0).half()
     cos, _ = yarn(10)  # frequencies kept in float64 outside the buffers
-    rc, _ = reference.rope_cos_sin(10, yarn.config)
+    rc, _ = reference.rope_tables(10, yarn.config)
     torch.testing.assert_close(cos.double(), rc, rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="'factor' must be >= 1"):
         YaRNPositionalEncoding(64, scaling_factor=0.5)

@@ -1,7 +1,7 @@
 """Sinusoidal ops (sinusoidal_table, add_sinusoidal) and their modules against the float64 reference.
 
 Every numeric check compares the kernels with ``posenc_native.reference`` (float64 math) on fresh
-random inputs; tolerances are the numerics contract of DESIGN.md section 2 (norm-wise relative).
+random inputs; tolerances are the numerics contract of docs/architecture.md (norm-wise relative).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from posenc_native import reference
 HAS_CUDA = torch.cuda.is_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device"))]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
-# DESIGN.md section 2 (float64 is exact up to the last bits of libm's sin/cos).
+# docs/architecture.md, "Numerics" (float64 is exact up to the last bits of libm's sin/cos).
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float64: 1e-12}
 
 
@@ -48,7 +48,7 @@ def random_positions(g: torch.Generator, n: int, kind: str, high: int = 1 << 16)
 
 
 # --------------------------------------------------------------------------------------------
-# The seed's worked example (DESIGN.md section 3).
+# The seed's worked example (docs/architecture.md, "Scaling schemes").
 
 
 def test_seed_worked_example():

@@ -1,5 +1,6 @@
 // The GPU's division of RoPE work, as plain host/device code so the CPU tests can run it too
-// (tests/cpp/chunk_mapping_test.cpp runs every work item on the host and checks the result).
+// (tests/cpp/cuda_work_on_host_test.cpp, run by tests/test_cuda_mapping_on_cpu.py, runs every work item
+// on the host and checks it bit for bit against a plain per-pair loop).
 //
 // Work item w = (token, chunk). A rotary chunk covers kPairs pairs, whose cos/sin are formed once and
 // reused for every q and k head; a pass-through chunk copies V dims of every head (out of place,

@@ -8,7 +8,12 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .config import RopeConfig
 
 
 def _main_job() -> int:
@@ -31,6 +36,88 @@ def _main_job() -> int:
     print()
     print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0
+
+
+# ------------------------------------------------------------------------------------------------
+# posenc config
+
+
+def _describe_one(cfg: "RopeConfig", title: str) -> list[str]:
+    lines = [title]
+    pairing = ("interleaved (2i, 2i+1), GPT-J style" if cfg.interleaved
+               else "half-split (i, i+d/2), GPT-NeoX/Llama style")
+    lines.append(f"  rope type          {cfg.rope_type}")
+    lines.append(f"  head dim           {cfg.head_dim}")
+    lines.append(f"  rotary dim         {cfg.rotary_dim} (partial_rotary_factor {cfg.partial_rotary_factor:g})")
+    lines.append(f"  pairing            {pairing}")
+    lines.append(f"  base (rope_theta)  {cfg.base:g}")
+    if cfg.max_position_embeddings is not None:
+        lines.append(f"  max positions      {cfg.max_position_embeddings}")
+    s = cfg.scaling
+    labels = {"factor": "factor", "original_max_position_embeddings": "original max pos", "low_freq_factor":
+              "low_freq_factor", "high_freq_factor": "high_freq_factor", "beta_fast": "beta_fast", "beta_slow":
+              "beta_slow", "mscale": "mscale", "mscale_all_dim": "mscale_all_dim", "truncate": "truncate"}
+    for name, label in labels.items():
+        value = getattr(s, name, None)
+        if name == "factor" and value is None and hasattr(s, "resolved_factor"):
+            value = f"{s.resolved_factor(cfg):g} (max positions / original max positions)"
+        elif name == "original_max_position_embeddings" and value is None and hasattr(s, "original_max"):
+            value = f"{s.original_max(cfg)} (= max positions)"
+        if value is not None:
+            lines.append(f"  {label:18s} {value}")
+    lines.append(f"  attention factor   {cfg.attention_factor:.10g} (multiplies cos and sin of the rotated dims)")
+    if cfg.softmax_scale_multiplier != 1.0:
+        lines.append(f"  softmax scale x    {cfg.softmax_scale_multiplier:.10g} (mscale(factor, mscale_all_dim)^2, "
+                     "applied by DeepSeek-style attention, not by the rotation)")
+    scheme_lines, seq_len = s.describe(cfg)
+    lines += scheme_lines
+    default = cfg.default_inv_freq()
+    scaled = cfg.inv_freq(seq_len)
+    regimes = s.pair_regimes(cfg)
+    n = scaled.shape[0]
+    lines.append(f"  inv_freq (float64, {n} pairs)")
+    lines.append(f"    {'pair':>4s}  {'default':>13s}  {'scaled':>13s}  {'scaled/default':>14s}  {'wavelength':>11s}"
+                 + ("  regime" if regimes else ""))
+    shown = sorted(set(range(min(4, n))) | set(range(max(0, n - 4), n)) | _boundary_pairs(regimes))
+    prev = -1
+    for i in shown:
+        if i != prev + 1:
+            lines.append("    " + "...".rjust(4))
+        d_i, s_i = float(default[i]), float(scaled[i])
+        ratio = f"{s_i / d_i:14.6f}" if d_i != 0 else f"{'-':>14s}"
+        wl = f"{2 * math.pi / s_i:11.4g}" if s_i != 0 else f"{'inf':>11s}"
+        lines.append(f"    {i:4d}  {d_i:13.6e}  {s_i:13.6e}  {ratio}  {wl}" + (f"  {regimes[i]}" if regimes else ""))
+        prev = i
+    return lines
+
+
+def _boundary_pairs(regimes: Optional[list[str]]) -> set[int]:
+    """Pairs on either side of each regime change (where YaRN/Llama-3 start and stop blending)."""
+    if not regimes:
+        return set()
+    out: set[int] = set()
+    for i in range(1, len(regimes)):
+        if regimes[i] != regimes[i - 1]:
+            out |= {i - 1, i}
+    return out
+
+
+def describe_config(source: str) -> str:
+    """Text for ``posenc config``: rope type, rotary dim, attention factor and an inv_freq table
+    (first and last pairs, and for YaRN/Llama-3 the pairs where keeping, blending and
+    interpolating change). ``source`` is a config.json path, a directory with one, or a preset."""
+    from .config import PRESETS, RopeConfig, hf_layer_types, load_hf_dict
+
+    data = load_hf_dict(source)
+    origin = "built-in preset" if isinstance(source, str) and source in PRESETS else "config.json"
+    model_type = data.get("model_type") or (data.get("text_config") or {}).get("model_type") or "?"
+    lines = [f"{source} ({origin}, model_type {model_type})"]
+    layer_types = hf_layer_types(data)
+    if not layer_types:
+        lines += _describe_one(RopeConfig.from_hf(data), "RoPE")
+    for lt in layer_types:
+        lines += _describe_one(RopeConfig.from_hf(data, layer_type=lt), f"RoPE of layer type {lt!r}")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,8 +147,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(plots.plot_rope(args.config, args.out))
             return 0
         if args.command == "config":
-            from .config import describe_config
-
             print(describe_config(args.source))
             return 0
     except (RuntimeError, ValueError, FileNotFoundError) as e:

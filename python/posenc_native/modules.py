@@ -7,7 +7,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from . import ops, reference
+from . import ops
+from ._rope_math import cos_sin_from_angles, rope_angles, rotate_half
 from .config import RopeConfig, YarnScaling
 
 __all__ = ["SinusoidalPositionalEncoding", "LearnablePositionalEncoding", "RotaryEmbedding",
@@ -59,14 +60,14 @@ class RotaryEmbedding(nn.Module):
 
     q and k are ``[batch, seq, heads, head_dim]`` by default (``layout="bhsd"`` for transformers'
     ``[batch, heads, seq, head_dim]``, ``"thd"`` for packed tokens). Frequencies are computed once
-    per device (and per sequence length for dynamic NTK / LongRoPE) in float64 and cached.
+    per device (and per regime for dynamic NTK / LongRoPE) in float64 and cached by the config
+    (:meth:`RopeConfig.inv_freq_on`), so modules sharing a config share them, across threads too.
     """
 
     def __init__(self, config: RopeConfig, layout: str = "bshd") -> None:
         super().__init__()
         self.config = config
         self.layout = layout
-        self._cache: dict = {}
 
     @classmethod
     def from_hf(cls, cfg, layer_type: Optional[str] = None, layout: str = "bshd") -> "RotaryEmbedding":
@@ -74,19 +75,13 @@ class RotaryEmbedding(nn.Module):
         return cls(RopeConfig.from_hf(cfg, layer_type=layer_type), layout=layout)
 
     def inv_freq(self, device: torch.device, seq_len: Optional[int] = None) -> torch.Tensor:
-        key = (str(device), seq_len if self.config.needs_seq_len else None)
-        if key not in self._cache:
-            if len(self._cache) >= 8:  # dynamic NTK sees a new length every decode step: stay bounded
-                self._cache.clear()
-            self._cache[key] = self.config.inv_freq(seq_len=key[1]).to(device)
-        return self._cache[key]
+        """The float64 frequencies on ``device`` (shared; do not modify)."""
+        return self.config.inv_freq_on(device, seq_len)
 
     def forward(self, q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None,
                 offset: int = 0, cu_seqlens: Optional[torch.Tensor] = None):
-        seq_len = ops.rope_seq_len(self.config, q, positions, self.layout, offset, cu_seqlens)
-        return ops.apply_rope(q, k, positions, inv_freq=self.inv_freq(q.device, seq_len),
-                              attention_factor=self.config.attention_factor, interleaved=self.config.interleaved,
-                              layout=self.layout, offset=offset, cu_seqlens=cu_seqlens)
+        return ops.apply_rope(q, k, positions, config=self.config, layout=self.layout, offset=offset,
+                              cu_seqlens=cu_seqlens)
 
 
 def _fused_cos_sin_ok(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
@@ -126,19 +121,19 @@ class RoPEPositionalEncoding(nn.Module):
         self.dim = dim
         self.base = base
         self.config = RopeConfig(head_dim=dim, base=base)
-        self._inv_freq64 = self.config.inv_freq()  # a plain attribute: module.half() must not round it
-        self.register_buffer("inv_freq", self._inv_freq64.to(torch.float32), persistent=False)
+        # the seed's float32 buffer, for code that reads it; the kernels use the config's float64 cache
+        self.register_buffer("inv_freq", self.config.inv_freq().to(torch.float32), persistent=False)
 
     def forward(self, seq_len: int, device: Optional[torch.device] = None) -> torch.Tensor:
         device = self.inv_freq.device if device is None else device
         t = torch.arange(seq_len, device=device)
-        freqs = reference.rope_angles(t, self._inv_freq64.to(device))
+        freqs = rope_angles(t, self.config.inv_freq_on(device))
         return torch.cat((freqs, freqs), dim=-1).to(torch.float32)
 
     @staticmethod
     def rotate_half(x: torch.Tensor) -> torch.Tensor:
         """``[-x2, x1]`` for ``x = [x1, x2]`` split in halves."""
-        return reference.rotate_half(x)
+        return rotate_half(x)
 
     @staticmethod
     def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -152,13 +147,13 @@ class RoPEPositionalEncoding(nn.Module):
             empty_k = x4.new_empty((x4.shape[0], 0, x4.shape[2], x4.shape[3]))
             out, _ = ops.apply_rotary_pos_emb(x4, empty_k, cos, sin, unsqueeze_dim=1)
             return out if x.dim() == 4 else out.squeeze(1)
-        return x * cos + reference.rotate_half(x) * sin
+        return x * cos + rotate_half(x) * sin
 
     def rotate(self, q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None,
                *, layout: str = "bhsd", offset: int = 0):
         """Rotate q and k in one fused pass (``ops.apply_rope``); ``layout`` "bhsd" (default, the
         seed's ``[batch, heads, seq, dim]``), "bshd" or "thd". Returns ``(q, k)``."""
-        return ops.apply_rope(q, k, positions, inv_freq=self._inv_freq64.to(q.device), attention_factor=1.0,
+        return ops.apply_rope(q, k, positions, inv_freq=self.config.inv_freq_on(q.device), attention_factor=1.0,
                               interleaved=False, layout=layout, offset=offset)
 
 
@@ -166,7 +161,7 @@ class YaRNPositionalEncoding(nn.Module):
     """YaRN rotary embedding with the seed article's constructor.
 
     ``scaling_factor`` is YaRN's ``factor`` (context extension ``s``), ``original_max_position_embeddings``
-    the pre-training context ``Lo``. The frequencies follow YaRN (DESIGN.md §3, as transformers):
+    the pre-training context ``Lo``. The frequencies follow YaRN (as transformers, see ``config/yarn.py``):
     pairs that turn more than ``beta_fast`` times over ``Lo`` keep their frequency, pairs that turn
     fewer than ``beta_slow`` times are interpolated (divided by ``scaling_factor``), a linear ramp
     blends those in between; cos and sin are multiplied by the attention factor
@@ -199,21 +194,21 @@ class YaRNPositionalEncoding(nn.Module):
                                 truncate=truncate))
         self.attention_factor = self.config.attention_factor
         self.mscale = self.attention_factor  # the name some YaRN code uses for it
-        self._inv_freq64 = self.config.inv_freq()  # a plain attribute: module.half() must not round it
-        self.register_buffer("inv_freq", self._inv_freq64.to(torch.float32), persistent=False)
+        # the seed's float32 buffer, for code that reads it; the kernels use the config's float64 cache
+        self.register_buffer("inv_freq", self.config.inv_freq().to(torch.float32), persistent=False)
 
     def forward(self, seq_len: int, device: Optional[torch.device] = None) -> tuple[torch.Tensor, torch.Tensor]:
         device = self.inv_freq.device if device is None else device
-        cos, sin = reference.rope_cos_sin(torch.arange(seq_len, device=device), self.config, dtype=torch.float32)
-        return cos, sin
+        angles = rope_angles(torch.arange(seq_len, device=device), self.config.inv_freq_on(device))
+        return cos_sin_from_angles(angles, self.attention_factor, self.config.interleaved, torch.float32)
 
-    rotate_half = staticmethod(reference.rotate_half)
+    rotate_half = staticmethod(rotate_half)
     apply_rotary_emb = staticmethod(RoPEPositionalEncoding.apply_rotary_emb)
 
     def rotate(self, q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None,
                *, layout: str = "bhsd", offset: int = 0):
         """Rotate q and k with YaRN in one fused pass (``ops.apply_rope``); ``layout`` "bhsd"
         (default), "bshd" or "thd". Returns ``(q, k)``."""
-        return ops.apply_rope(q, k, positions, inv_freq=self._inv_freq64.to(q.device),
+        return ops.apply_rope(q, k, positions, inv_freq=self.config.inv_freq_on(q.device),
                               attention_factor=self.attention_factor, interleaved=self.config.interleaved,
                               layout=layout, offset=offset)

@@ -5,11 +5,13 @@ the op schemas of csrc/registration.cpp and teaches torch.compile/export and aut
 """
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 import torch
 
 from ._library import load_library
+from ._rope_math import HEAD_AXIS, LAYOUTS, SEQ_AXIS, seq_len_from_positions
 
 load_library()
 
@@ -17,7 +19,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .config import RopeConfig
 
 Positions = Union[int, torch.Tensor, Sequence[int]]
-_LAYOUTS = ("bshd", "bhsd", "thd")
 _LAYOUT_DIMS = {"bshd": 4, "bhsd": 4, "thd": 3}
 # The position domain checked by the ops (README "Guarantees"): |position + offset| <= 2^48.
 MAX_POSITION = 2 ** 48
@@ -191,7 +192,7 @@ torch.library.register_autograd("posenc::add_sinusoidal", _add_sinusoidal_backwa
 def _empty_k(q: torch.Tensor, layout: str) -> torch.Tensor:
     """k with zero heads: the ops always take q and k; rotating q alone costs nothing extra."""
     shape = list(q.shape)
-    shape[{"bshd": 2, "bhsd": 1, "thd": 1}[layout]] = 0
+    shape[HEAD_AXIS[layout]] = 0
     return q.new_empty(shape)
 
 
@@ -203,19 +204,19 @@ def rope_seq_len(config: "RopeConfig", q: torch.Tensor, positions: Optional[torc
     if not config.needs_seq_len:
         return None
     if positions is not None and positions.numel() > 0:
-        return int(positions.max()) + int(offset) + 1
+        return seq_len_from_positions(positions, offset)
     if cu_seqlens is not None:
         if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2:
             raise ValueError(f"cu_seqlens must be 1-D with at least 2 entries (sequence starts and the total), got "
                              f"shape {tuple(cu_seqlens.shape)}")
         return int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) + offset
-    return q.shape[{"bshd": 1, "bhsd": 2, "thd": 0}[layout]] + offset
+    return q.shape[SEQ_AXIS[layout]] + offset
 
 
 def _resolve_rope_args(q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset,
                        cu_seqlens, rotary_dim):
-    if not isinstance(layout, str) or layout not in _LAYOUTS:
-        raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
+    if not isinstance(layout, str) or layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     n = _LAYOUT_DIMS[layout]
     shape_text = "[tokens, heads, head_dim]" if layout == "thd" else f"{n}-D ({layout})"
     q = _check_tensor("q", q, dims=(n,), shape_text=shape_text + f" for layout {layout!r}")
@@ -234,14 +235,15 @@ def _resolve_rope_args(q, k, positions, config, inv_freq, attention_factor, inte
             raise TypeError(f"config must be a RopeConfig, got {type(config).__name__}")
         if inv_freq is not None:
             raise ValueError("pass either config or inv_freq, not both")
-        inv_freq = config.inv_freq(seq_len=rope_seq_len(config, q, positions, layout, offset, cu_seqlens))
-        inv_freq = inv_freq.to(device=q.device)
-        attention_factor = config.attention_factor
-        interleaved = config.interleaved
         if rotary_dim is not None and rotary_dim != config.rotary_dim:
             raise ValueError(f"rotary_dim={rotary_dim} disagrees with config.rotary_dim={config.rotary_dim}")
         if config.head_dim != head_dim:
             raise ValueError(f"q's head_dim is {head_dim} but config.head_dim is {config.head_dim}")
+        # frequencies cached per (config, device, regime), attention factor computed once: no host
+        # work that depends only on the config, and positions are read only when the scheme needs it
+        seq_len = rope_seq_len(config, q, positions, layout, offset, cu_seqlens) if config.needs_seq_len else None
+        return (_empty_k(q, layout) if k is None else k, config.inv_freq_on(q.device, seq_len),
+                config.attention_factor, config.interleaved, offset)
     if inv_freq is None:
         raise ValueError("apply_rope needs config= or inv_freq=")
     if rotary_dim is not None:
@@ -253,6 +255,19 @@ def _resolve_rope_args(q, k, positions, config, inv_freq, attention_factor, inte
     if k is None:
         k = _empty_k(q, layout)
     return k, inv_freq, _check_float("attention_factor", attention_factor), _check_bool("interleaved", interleaved), offset
+
+
+_NO_SKIP = contextlib.nullcontext()
+
+
+def _autograd_skipped(q: torch.Tensor, k: torch.Tensor):
+    """Skips the ops' autograd kernel when no gradient can flow (eager mode only): that kernel is
+    Python (``register_autograd`` below) and costs several microseconds per call even when no input
+    requires grad, which dominates a decode step. Under torch.compile the kernel is traced away."""
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)) or (
+            torch.is_inference_mode_enabled()):  # no autograd key to skip
+        return _NO_SKIP
+    return torch._C._AutoDispatchBelowAutograd()
 
 
 def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None, *,
@@ -280,8 +295,9 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Opt
     """
     k_arg, inv_freq, attention_factor, interleaved, offset = _resolve_rope_args(
         q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens, rotary_dim)
-    q_out, k_out = torch.ops.posenc.rope(q, k_arg, positions, cu_seqlens, inv_freq, attention_factor, interleaved,
-                                         layout, offset, False)
+    with _autograd_skipped(q, k_arg):
+        q_out, k_out = torch.ops.posenc.rope(q, k_arg, positions, cu_seqlens, inv_freq, attention_factor,
+                                             interleaved, layout, offset, False)
     return q_out, (k_out if k is not None else None)
 
 
@@ -325,7 +341,8 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         raise ValueError(f"unsqueeze_dim must be 1 ([B,H,S,D]) or 2 ([B,S,H,D]), got {unsqueeze_dim!r}")
     layout = "bhsd" if unsqueeze_dim == 1 else "bshd"
     positions = position_ids if (position_ids is not None and cos.dim() == 2) else None
-    return torch.ops.posenc.rope_cos_sin(q, k, cos, sin, positions, layout, False)
+    with _autograd_skipped(q, k):
+        return torch.ops.posenc.rope_cos_sin(q, k, cos, sin, positions, layout, False)
 
 
 def _check_rope_fake(op: str, q, k, *others) -> None:

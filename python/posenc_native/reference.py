@@ -2,15 +2,19 @@
 tested against). Slow and simple on purpose: each function reads like the formula it implements."""
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Optional, Union
 
 import torch
+
+from ._rope_math import (SEQ_AXIS, cos_sin_from_angles, rope_angles, rotate_every_two, rotate_half,
+                         seq_len_from_positions)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .config import RopeConfig
 
 __all__ = ["sinusoidal_frequencies", "sinusoidal_table", "add_sinusoidal", "rope_positions", "rope_angles",
-           "rope_cos_sin", "rotate_half", "rotate_every_two", "apply_rope"]
+           "rope_tables", "rotate_half", "rotate_every_two", "apply_rope"]
 
 
 def sinusoidal_frequencies(dim: int, base: float = 10000.0, freq_shift: float = 0.0,
@@ -63,13 +67,10 @@ def add_sinusoidal(x: torch.Tensor, positions=None, *, offset: int = 0, x_scale:
 # ------------------------------------------------------------------------------------------------
 # RoPE
 #
-# Rotation of a pair (a, b) by t, scaled by the attention factor f (DESIGN.md §2-3):
+# Rotation of a pair (a, b) by t, scaled by the attention factor f (docs/architecture.md, "Numerics"):
 #   (a, b) -> f * (a cos t - b sin t, a sin t + b cos t),   t = position * inv_freq[i]
 # Pairs are (i, i + R/2) (half-split, GPT-NeoX/Llama) or (2i, 2i + 1) (interleaved, GPT-J);
 # dims past the rotary width R pass through untouched.
-
-_SEQ_AXIS = {"bshd": 1, "bhsd": 2, "thd": 0}
-
 
 def rope_positions(num_tokens: int, positions: Optional[torch.Tensor] = None, *, offset: int = 0,
                    cu_seqlens: Optional[torch.Tensor] = None, device=None) -> torch.Tensor:
@@ -86,29 +87,19 @@ def rope_positions(num_tokens: int, positions: Optional[torch.Tensor] = None, *,
     return (torch.cat(parts) + int(offset)).to(device)
 
 
-def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """``positions[..., None] * inv_freq``, formed in float64: ``[*positions.shape, len(inv_freq)]``."""
-    pos = positions.to(torch.float64)
-    return pos[..., None] * inv_freq.to(device=pos.device, dtype=torch.float64)
-
-
-def _seq_len_for(positions: torch.Tensor) -> int:
-    # as transformers' dynamic/longrope update: the frequencies serve max(position) + 1 positions
-    return int(positions.max()) + 1 if positions.numel() else 0
-
-
-def rope_cos_sin(positions: Union[int, torch.Tensor], cfg: "RopeConfig", *, seq_len: Optional[int] = None,
-                 dtype: torch.dtype = torch.float64, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of every rotated dim, multiplied by ``cfg.attention_factor``.
+def rope_tables(positions: Union[int, torch.Tensor], config: "RopeConfig", *, seq_len: Optional[int] = None,
+                dtype: torch.dtype = torch.float64, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cos and sin tables of every rotated dim, multiplied by ``config.attention_factor`` (what
+    the table-source ops, ``ops.apply_rotary_pos_emb`` and ``posenc.rope_cos_sin``, consume).
 
     Args:
         positions: an int ``S`` (positions ``0..S-1``) or an integer tensor of any shape.
-        cfg: the :class:`~posenc_native.config.RopeConfig`.
+        config: the :class:`~posenc_native.config.RopeConfig`.
         seq_len: for dynamic NTK / LongRoPE; default ``max(positions) + 1``.
         dtype: of the result (computed in float64).
 
     Returns:
-        ``(cos, sin)``, each ``[*positions.shape, cfg.rotary_dim]``, laid out for the config's
+        ``(cos, sin)``, each ``[*positions.shape, config.rotary_dim]``, laid out for the config's
         pairing: ``cat(c, c)`` for half-split (transformers' layout, usable with
         ``apply_rotary_pos_emb``), ``repeat_interleave(c, 2)`` for interleaved.
     """
@@ -116,27 +107,16 @@ def rope_cos_sin(positions: Union[int, torch.Tensor], cfg: "RopeConfig", *, seq_
         positions = torch.arange(positions, device=device)
     elif device is not None:
         positions = positions.to(device)
-    if seq_len is None and cfg.needs_seq_len:
-        seq_len = _seq_len_for(positions)
-    angles = rope_angles(positions, cfg.inv_freq(seq_len=seq_len))
-    f = float(cfg.attention_factor)
-    c, s = torch.cos(angles) * f, torch.sin(angles) * f
-    if cfg.interleaved:
-        c, s = c.repeat_interleave(2, dim=-1), s.repeat_interleave(2, dim=-1)
-    else:
-        c, s = torch.cat([c, c], dim=-1), torch.cat([s, s], dim=-1)
-    return c.to(dtype), s.to(dtype)
+    if seq_len is None and config.needs_seq_len:
+        seq_len = seq_len_from_positions(positions)
+    angles = rope_angles(positions, config.inv_freq(seq_len=seq_len))
+    return cos_sin_from_angles(angles, config.attention_factor, config.interleaved, dtype)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """``[-x2, x1]`` for ``x = [x1, x2]`` split in halves (GPT-NeoX/Llama)."""
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def rotate_every_two(x: torch.Tensor) -> torch.Tensor:
-    """``(-x_{2i+1}, x_{2i})`` for every pair (GPT-J)."""
-    return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+def rope_cos_sin(positions: Union[int, torch.Tensor], cfg: "RopeConfig", **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Deprecated name of :func:`rope_tables` (``rope_cos_sin`` is the op that rotates with tables)."""
+    warnings.warn("posenc_native.reference.rope_cos_sin is renamed rope_tables", DeprecationWarning, stacklevel=2)
+    return rope_tables(positions, cfg, **kwargs)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int, interleaved: bool) -> torch.Tensor:
@@ -153,10 +133,10 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: i
 
 
 def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None,
-               cfg: Optional["RopeConfig"] = None, *, layout: str = "bshd", inv_freq: Optional[torch.Tensor] = None,
-               attention_factor: float = 1.0, interleaved: bool = False, offset: int = 0,
-               cu_seqlens: Optional[torch.Tensor] = None, seq_len: Optional[int] = None
-               ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+               config: Optional["RopeConfig"] = None, *, layout: str = "bshd",
+               inv_freq: Optional[torch.Tensor] = None, attention_factor: float = 1.0, interleaved: bool = False,
+               offset: int = 0, cu_seqlens: Optional[torch.Tensor] = None, seq_len: Optional[int] = None,
+               cfg: Optional["RopeConfig"] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Rotary embedding of q and k, the reference for ``ops.apply_rope`` (float64 math).
 
     Args:
@@ -165,33 +145,37 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Opt
         positions: ``[S]`` or ``[B,S]`` (``[T]`` for thd) integer positions; default
             ``arange(S)`` (with ``cu_seqlens``, the position within each packed sequence).
             ``offset`` is added to them, as in the ops.
-        cfg: a :class:`~posenc_native.config.RopeConfig` (frequencies, attention factor, pairing,
-            rotary dim); or give ``inv_freq``, ``attention_factor`` and ``interleaved`` instead.
+        config: a :class:`~posenc_native.config.RopeConfig` (frequencies, attention factor, pairing,
+            rotary dim), by position or as ``config=`` like ``ops.apply_rope``; or give ``inv_freq``,
+            ``attention_factor`` and ``interleaved`` instead. (``cfg=`` is its deprecated name.)
         seq_len: for dynamic NTK / LongRoPE; default ``max(position) + 1``.
 
     Returns:
         ``(q_out, k_out)`` in the dtypes of q and k (``k_out`` None when k is None). The rotated
         dims are multiplied by the attention factor; the dims past ``rotary_dim`` are copied.
     """
-    if layout not in _SEQ_AXIS:
-        raise ValueError(f"layout must be one of {tuple(_SEQ_AXIS)}, got {layout!r}")
+    if cfg is not None:
+        warnings.warn("reference.apply_rope(cfg=...) is renamed config=", DeprecationWarning, stacklevel=2)
+        config = cfg if config is None else config
+    if layout not in SEQ_AXIS:
+        raise ValueError(f"layout must be one of {tuple(SEQ_AXIS)}, got {layout!r}")
     expected_dim = 3 if layout == "thd" else 4
     for name, t in (("q", q), ("k", k)):
         if t is not None and t.dim() != expected_dim:
             raise ValueError(f"{name} must be {expected_dim}-D for layout {layout!r}, got shape {tuple(t.shape)}")
     if cu_seqlens is not None and layout != "thd":
         raise ValueError("cu_seqlens is only for layout 'thd'")
-    num_tokens = q.shape[_SEQ_AXIS[layout]]
+    num_tokens = q.shape[SEQ_AXIS[layout]]
     pos = rope_positions(num_tokens, positions, offset=offset, cu_seqlens=cu_seqlens, device=q.device)
-    if cfg is not None:
+    if config is not None:
         if inv_freq is not None:
-            raise ValueError("pass either cfg or inv_freq, not both")
-        if seq_len is None and cfg.needs_seq_len:
-            seq_len = _seq_len_for(pos)
-        inv_freq = cfg.inv_freq(seq_len=seq_len)
-        attention_factor, interleaved = cfg.attention_factor, cfg.interleaved
+            raise ValueError("pass either config or inv_freq, not both")
+        if seq_len is None and config.needs_seq_len:
+            seq_len = seq_len_from_positions(pos)
+        inv_freq = config.inv_freq(seq_len=seq_len)
+        attention_factor, interleaved = config.attention_factor, config.interleaved
     if inv_freq is None:
-        raise ValueError("apply_rope needs cfg or inv_freq")
+        raise ValueError("apply_rope needs config or inv_freq")
     rotary_dim = 2 * inv_freq.shape[-1]
     if rotary_dim > q.shape[-1]:
         raise ValueError(f"rotary dim {rotary_dim} exceeds head_dim {q.shape[-1]}")

@@ -9,7 +9,7 @@ import torch
 
 from . import ops, reference
 
-# Tolerances of the numerics contract (DESIGN.md section 2): relative, norm-wise.
+# Tolerances of the numerics contract (docs/architecture.md, "Numerics"): relative, norm-wise.
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float64: 1e-12}
 
 
@@ -88,7 +88,7 @@ def _rope_inplace(device: str, dtype: torch.dtype) -> float:
 def _apply_rotary_pos_emb(device: str, dtype: torch.dtype) -> float:
     cfg = _yarn_config()
     q, k, positions = _rope_inputs(device, dtype, 4)
-    cos, sin = reference.rope_cos_sin(positions, cfg, dtype=dtype)
+    cos, sin = reference.rope_tables(positions, cfg, dtype=dtype)
     q_out, k_out = ops.apply_rotary_pos_emb(q.to(device), k.to(device), cos.to(device), sin.to(device),
                                             unsqueeze_dim=2)
     c64, s64 = cos.double()[:, :, None], sin.double()[:, :, None]

@@ -79,6 +79,7 @@ from typing import Callable, Iterator, Optional
 import torch
 from torch import nn
 
+from .._rope_math import cos_sin_from_angles, rope_angles, seq_len_from_positions
 from ..config import RopeConfig
 from ..ops import apply_rope
 
@@ -157,9 +158,8 @@ class RotaryPositions:
 
     def cos_sin(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """transformers-style ``(cos, sin)`` ``[B, S, rotary_dim]`` (for code that needs the tensors)."""
-        angles = self.positions.to(torch.float64)[..., None] * self.inv_freq.to(self.positions.device, torch.float64)
-        emb = (torch.repeat_interleave(angles, 2, dim=-1) if self.interleaved else torch.cat((angles, angles), dim=-1))
-        return ((emb.cos() * self.attention_factor).to(dtype), (emb.sin() * self.attention_factor).to(dtype))
+        return cos_sin_from_angles(rope_angles(self.positions, self.inv_freq), self.attention_factor,
+                                   self.interleaved, dtype)
 
     def __repr__(self) -> str:
         return (f"RotaryPositions(positions={tuple(self.positions.shape)}, rotary_dim={2 * self.inv_freq.shape[-1]}, "
@@ -190,30 +190,6 @@ class _GPTJSinCos:
             "supported (unpatch the model)")
 
 
-# --------------------------------------------------------------------------------------------
-# Frequencies held on the host in float64, copied to each device once
-
-
-class _Frequencies:
-    def __init__(self, host: torch.Tensor):
-        self._host = host
-        self._device: dict[torch.device, torch.Tensor] = {}
-
-    def set(self, host: torch.Tensor) -> None:
-        self._host = host
-        self._device.clear()
-
-    @property
-    def host(self) -> torch.Tensor:
-        return self._host
-
-    def on(self, device: torch.device) -> torch.Tensor:
-        t = self._device.get(device)
-        if t is None:
-            t = self._device[device] = self._host.to(device=device, dtype=torch.float64)
-        return t
-
-
 class PosencRotaryEmbedding(nn.Module):
     """Replaces a transformers ``*RotaryEmbedding``: returns :class:`RotaryPositions` instead of cos/sin.
 
@@ -234,36 +210,34 @@ class PosencRotaryEmbedding(nn.Module):
             # continue from the state the model's own module reached (it may have run long inputs)
             self.original_max_seq_len = int(original.original_max_seq_len)
             self.max_seq_len_cached = int(original.max_seq_len_cached)
-            self._freqs = _Frequencies(rope.inv_freq(seq_len=self.max_seq_len_cached))
+            self._state_lock = threading.Lock()  # the growth/reset state is shared by concurrent callers
         elif rope_type == "longrope":
             self.mode = "longrope"
             lo = int(original_max_position_embeddings)
             self.original_max_position_embeddings = lo
-            self._freqs = _Frequencies(rope.inv_freq(seq_len=lo))  # short factors
-            self._long = _Frequencies(rope.inv_freq(seq_len=lo + 1))  # long factors
         else:
             if rope.needs_seq_len:
                 raise UnsupportedModelError(
                     f"posenc_native.integrations.transformers: RopeConfig says rope_type {rope_type!r} depends on "
                     "the sequence length, but transformers only updates frequencies for 'dynamic' and 'longrope'")
             self.mode = "static"
-            self._freqs = _Frequencies(rope.inv_freq(seq_len=None))
 
     def extra_repr(self) -> str:
-        return (f"rope_type={self.rope_type!r}, rotary_dim={2 * self._freqs.host.shape[-1]}, "
+        return (f"rope_type={self.rope_type!r}, rotary_dim={self.rope.rotary_dim}, "
                 f"attention_factor={self.attention_factor:g}")
 
-    def _update_dynamic(self, position_ids: torch.Tensor) -> None:
+    def _update_dynamic(self, position_ids: torch.Tensor) -> int:
         # Mirrors transformers' dynamic_frequency_update: grow past the longest sequence seen, reset
         # to the original frequencies when a sequence shorter than max_position_embeddings follows.
-        seq_len = int(position_ids.max()) + 1
-        cached = self.max_seq_len_cached
-        if seq_len > cached:
-            self._freqs.set(self.rope.inv_freq(seq_len=seq_len))
-            self.max_seq_len_cached = seq_len
-        if seq_len < self.original_max_seq_len and cached > self.original_max_seq_len:
-            self._freqs.set(self.rope.inv_freq(seq_len=self.original_max_seq_len))
-            self.max_seq_len_cached = self.original_max_seq_len
+        # Returns the length whose frequencies this call uses.
+        seq_len = seq_len_from_positions(position_ids)
+        with self._state_lock:
+            cached = self.max_seq_len_cached
+            if seq_len > cached:
+                self.max_seq_len_cached = seq_len
+            if seq_len < self.original_max_seq_len and cached > self.original_max_seq_len:
+                self.max_seq_len_cached = self.original_max_seq_len
+            return self.max_seq_len_cached
 
     def forward(self, x: torch.Tensor, position_ids: Optional[torch.Tensor] = None, layer_type: Optional[str] = None):
         if layer_type is not None:
@@ -273,14 +247,14 @@ class PosencRotaryEmbedding(nn.Module):
             position_ids = torch.arange(x.shape[1], device=x.device)[None]
         device = x.device
         if self.mode == "dynamic":
-            self._update_dynamic(position_ids)
-            inv_freq = self._freqs.on(device)
+            inv_freq = self.rope.inv_freq_on(device, self._update_dynamic(position_ids))
         elif self.mode == "longrope":
             # one short/long choice for the whole batch, as transformers; chosen on the device (no sync)
-            is_long = (position_ids.max() + 1 > self.original_max_position_embeddings).to(device)
-            inv_freq = torch.where(is_long, self._long.on(device), self._freqs.on(device))
+            lo = self.original_max_position_embeddings
+            is_long = (position_ids.max() + 1 > lo).to(device)
+            inv_freq = torch.where(is_long, self.rope.inv_freq_on(device, lo + 1), self.rope.inv_freq_on(device, lo))
         else:
-            inv_freq = self._freqs.on(device)
+            inv_freq = self.rope.inv_freq_on(device)
         handle = RotaryPositions(position_ids, inv_freq, self.attention_factor, self.interleaved)
         return handle, handle  # unpacked by the attention forward as `cos, sin`
 
@@ -307,12 +281,12 @@ class PosencRotaryEmbedding(nn.Module):
 class _GPTJRotary:
     """The per-attention ``_get_embed_positions`` override of a patched GPT-J."""
 
-    def __init__(self, freqs: _Frequencies, attention_factor: float):
-        self.freqs = freqs
+    def __init__(self, rope: RopeConfig, attention_factor: float):
+        self.rope = rope
         self.attention_factor = attention_factor
 
     def __call__(self, position_ids: torch.Tensor) -> _GPTJSinCos:
-        inv_freq = self.freqs.on(position_ids.device)
+        inv_freq = self.rope.inv_freq_on(position_ids.device)
         return _GPTJSinCos(RotaryPositions(position_ids, inv_freq, self.attention_factor, True))
 
 
@@ -481,11 +455,8 @@ def _model_type(model: nn.Module) -> str:
 
 
 def _rope_config(model: nn.Module, model_type: str) -> RopeConfig:
-    from_hf = getattr(RopeConfig, "from_hf", None)
-    if from_hf is None:
-        raise NotImplementedError("posenc_native.RopeConfig.from_hf is not available in this build")
     try:
-        return from_hf(model.config, layer_type=None)
+        return RopeConfig.from_hf(model.config, layer_type=None)
     except (NotImplementedError, ValueError, KeyError, TypeError) as e:
         raise UnsupportedModelError(
             f"posenc_native.integrations.transformers: cannot read the rotary configuration of model type "
@@ -638,19 +609,18 @@ def _patch_gptj(model: nn.Module, record: _PatchRecord, check: bool) -> None:
     if rope.needs_seq_len:
         raise UnsupportedModelError("posenc_native.integrations.transformers: GPT-J has no sequence-length "
                                     "dependent rotary scaling, but RopeConfig.from_hf returned one")
-    freqs = _Frequencies(rope.inv_freq(seq_len=None))
     if check:
         table = getattr(attentions[0][1], "embed_positions", None)  # rows [sin | cos] of position * inv_freq
         if isinstance(table, torch.Tensor) and not table.is_meta and table.shape[0] > 1:
             theirs = table[1, : table.shape[-1] // 2].to("cpu", torch.float64)  # sin(1 * inv_freq)
-            ours = torch.sin(freqs.host.to(torch.float64))
+            ours = torch.sin(rope.inv_freq())
             if ours.shape != theirs.shape or not torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6):
                 raise ValueError("posenc_native.integrations.transformers: RopeConfig.from_hf's frequencies disagree "
                                  "with GPT-J's own sin/cos table; not patching. Pass check=False to patch anyway.")
         if float(rope.attention_factor) != 1.0:
             raise ValueError("posenc_native.integrations.transformers: GPT-J has no attention factor, but "
                              f"RopeConfig.from_hf gives {rope.attention_factor}")
-    rotary = _GPTJRotary(freqs, float(rope.attention_factor))
+    rotary = _GPTJRotary(rope, float(rope.attention_factor))
 
     record.install()
     for name, attn in attentions:

@@ -1,4 +1,4 @@
-// Build facts and the C++ API entry points (thin calls through the dispatcher).
+// The public C++ API of include/posenc/posenc.h: build facts and thin calls through the dispatcher.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <sstream>
 

@@ -1,0 +1,221 @@
+"""Reading Hugging Face configs: transformers ``PretrainedConfig`` objects and ``config.json`` dicts,
+in the 4.x (``rope_theta``/``rope_scaling``) and 5.x (``rope_parameters``, per layer type) forms."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping, Optional, Union
+
+from .presets import PRESETS
+from .rope_config import RopeConfig
+from .scheme import scaling_from_dict, scheme_class
+
+__all__ = ["load_hf_dict", "hf_layer_types", "rope_config_from_hf"]
+
+
+def rope_config_from_hf(cfg: Any, layer_type: Optional[str] = None, interleaved: Optional[bool] = None
+                        ) -> RopeConfig:
+    """What :meth:`RopeConfig.from_hf` returns (it documents the arguments)."""
+    return _HFSource.make(cfg, layer_type).rope_config(layer_type, interleaved)
+
+
+def load_hf_dict(source: Union[str, os.PathLike]) -> dict:
+    """The config dict of a preset name, a ``config.json`` path, or a directory holding one."""
+    if isinstance(source, str) and source in PRESETS:
+        return json.loads(json.dumps(PRESETS[source]))  # a deep copy
+    path = Path(source)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{str(source)!r} is neither a config.json, a directory holding one, nor a preset "
+                                f"(presets: {', '.join(PRESETS)})")
+    with open(path, encoding="utf-8") as fh:
+        data = json.load(fh)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+
+# Model types whose attention rotates interleaved pairs (2i, 2i+1) (checked in transformers' code:
+# rotate_every_two / x[..., ::2] / view_as_complex); configs with `rope_interleave` say it themselves.
+_INTERLEAVED_MODEL_TYPES = frozenset({
+    "gptj", "codegen", "roformer", "cohere", "cohere2", "cohere2_moe", "glm", "glm4", "ernie4_5", "ernie4_5_moe",
+    "helium", "llama4", "llama4_text", "deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "mistral4",
+    "youtu", "longcat_flash", "glm4_moe_lite", "axk1",
+})
+
+# partial_rotary_factor defaults of transformers' config classes, for config.json dicts that omit it
+_PRF_DEFAULTS = {
+    "gpt_neox": 0.25, "stablelm": 0.25, "phi": 0.5, "persimmon": 0.5, "glm": 0.5, "glm4": 0.5, "glm4_moe": 0.5,
+    "glm4v_moe": 0.5, "nemotron": 0.5, "recurrent_gemma": 0.5, "qwen3_next": 0.25, "qwen3_5": 0.25,
+    "qwen3_5_moe": 0.25, "moonshine": 0.9,
+}
+
+
+class _HFSource:
+    """Uniform read access to a PretrainedConfig object or a config.json dict."""
+
+    def __init__(self, obj: Any, is_dict: bool, head_dim_override: Optional[int] = None) -> None:
+        self.obj = obj
+        self.is_dict = is_dict
+        self.head_dim_override = head_dim_override
+
+    @classmethod
+    def make(cls, cfg: Any, layer_type: Optional[str]) -> "_HFSource":
+        if isinstance(cfg, (str, os.PathLike)):
+            cfg = load_hf_dict(cfg)
+        if isinstance(cfg, Mapping):
+            d = dict(cfg)
+            rope_keys = ("rope_parameters", "rope_scaling", "rope_theta", "num_attention_heads", "hidden_size",
+                         "head_dim")
+            if isinstance(d.get("text_config"), Mapping) and not any(k in d for k in rope_keys):
+                d = dict(d["text_config"])  # composite (multimodal) config: the text model's rope
+            return cls(d, True, _dict_layer_head_dim(d, layer_type))
+        if not hasattr(cfg, "__dict__"):
+            raise ValueError(f"from_hf expects a transformers config, a dict or a path, got {type(cfg).__name__}")
+        obj = cfg
+        get_text = getattr(obj, "get_text_config", None)
+        if callable(get_text):
+            try:
+                obj = get_text() or obj
+            except Exception:  # noqa: BLE001 - some configs raise for ambiguous text configs; keep the original
+                obj = cfg
+        if layer_type is not None and getattr(obj, "is_heterogeneous", False):
+            try:  # per-layer overrides (e.g. Gemma 4's larger head_dim on full-attention layers)
+                return cls(obj.per_layer_config[layer_type], False)
+            except (ValueError, KeyError, IndexError, AttributeError):
+                pass
+        return cls(obj, False)
+
+    def get(self, *names: str, default: Any = None) -> Any:
+        for name in names:
+            if self.is_dict:
+                v = self.obj.get(name, None)
+            else:
+                try:
+                    v = getattr(self.obj, name, None)
+                except Exception:  # noqa: BLE001 - heterogeneous configs refuse ambiguous global reads
+                    v = None
+            if v is not None:
+                return v
+        return default
+
+    def model_type(self) -> str:
+        return str(self.get("model_type", default="") or "")
+
+    def head_dim(self) -> int:
+        if self.head_dim_override is not None:
+            return int(self.head_dim_override)
+        hd = self.get("qk_rope_head_dim", "head_dim")
+        if hd is not None:
+            return int(hd)
+        hidden = self.get("hidden_size", "n_embd", "d_model", "dim")
+        heads = self.get("num_attention_heads", "n_head", "num_heads", "n_heads")
+        if hidden is None or heads is None:
+            raise ValueError("cannot determine 'head_dim': the config has neither head_dim nor hidden_size and "
+                             "num_attention_heads")
+        return int(hidden) // int(heads)
+
+    def rope_params(self, layer_type: Optional[str]) -> dict:
+        raw = self.get("rope_scaling") or self.get("rope_parameters") or {}
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"rope_parameters / rope_scaling must be a dict, got {type(raw).__name__}")
+        nested = bool(raw) and all(isinstance(v, Mapping) or v is None for v in raw.values()) and any(
+            isinstance(v, Mapping) for v in raw.values())
+        if nested:
+            kinds = list(raw)
+            if layer_type is None:
+                if len(kinds) != 1:
+                    raise ValueError(f"rope_parameters is per layer type ({', '.join(kinds)}): pass layer_type= one "
+                                     "of them")
+                layer_type = kinds[0]
+            if layer_type not in raw:
+                raise ValueError(f"layer_type {layer_type!r} not in rope_parameters (layer types: {', '.join(kinds)})")
+            if raw[layer_type] is None:
+                raise ValueError(f"layer_type {layer_type!r} has no RoPE (rope_parameters[{layer_type!r}] is None)")
+            params = dict(raw[layer_type])
+            params.setdefault("rope_theta", self.get("rope_theta"))
+            params.setdefault("partial_rotary_factor", self.get("partial_rotary_factor"))
+            return params
+        params = dict(raw)
+        if layer_type == "sliding_attention" and self.get("rope_local_base_freq") is not None:
+            # Gemma 3, 4.x form: local layers use unscaled RoPE with their own base
+            return {"rope_type": "default", "rope_theta": self.get("rope_local_base_freq"),
+                    "partial_rotary_factor": params.get("partial_rotary_factor")}
+        if params.get("rope_theta") is None:
+            params["rope_theta"] = self.get("rope_theta", "rotary_emb_base", "rope_embedding_base")
+        if params.get("partial_rotary_factor") is None:
+            params["partial_rotary_factor"] = self.get("partial_rotary_factor", "rotary_pct")
+        top_lo = self.get("original_max_position_embeddings")
+        if top_lo is not None:  # Phi-3: the top-level value wins, as in transformers
+            params["original_max_position_embeddings"] = top_lo
+        return params
+
+    def rope_config(self, layer_type: Optional[str], interleaved: Optional[bool]) -> RopeConfig:
+        """The RopeConfig of one layer type (see :meth:`RopeConfig.from_hf`)."""
+        params = self.rope_params(layer_type)
+        scheme = scheme_class(params.get("rope_type") or params.get("type") or "default")
+        head_dim = self.head_dim()
+        max_pos = self.get("max_position_embeddings", "n_positions", "max_sequence_length")
+        base = params.get("rope_theta")
+        if base is None:
+            dflt = self.get("default_theta")
+            base = dflt if isinstance(dflt, (int, float)) and not isinstance(dflt, bool) else 10000.0
+        prf = params.get("partial_rotary_factor")
+        rotary_dim = None
+        if prf is None:
+            rd = self.get("rotary_dim")  # GPT-J / CodeGen: an absolute width
+            if rd is not None and not scheme.owns_rotary_dim:
+                rotary_dim = int(rd)
+            elif self.is_dict:
+                prf = _PRF_DEFAULTS.get(self.model_type())
+        qk_rope = self.get("qk_rope_head_dim")
+        if qk_rope is not None and self.head_dim_override is None and prf is not None:
+            # MLA (DeepSeek, Mistral 4): rope acts on the qk_rope_head_dim slice, fully; a factor that
+            # maps the full head_dim onto that slice (Mistral 4 sets one) is already accounted for.
+            full = self.get("head_dim")
+            if full is not None and int(int(full) * float(prf)) == int(qk_rope):
+                prf = None
+        if scheme.extends_context and params.get("original_max_position_embeddings") is None:
+            params["original_max_position_embeddings"] = max_pos  # transformers' standardisation
+        if interleaved is None:
+            flag = self.get("rope_interleave")
+            interleaved = bool(flag) if flag is not None else self.model_type() in _INTERLEAVED_MODEL_TYPES
+        return RopeConfig(head_dim=head_dim, base=base, interleaved=interleaved, rotary_dim=rotary_dim,
+                          partial_rotary_factor=prf, max_position_embeddings=max_pos,
+                          scaling=scaling_from_dict(params))
+
+
+def _dict_layer_head_dim(d: Mapping[str, Any], layer_type: Optional[str]) -> Optional[int]:
+    """Head dim override of one layer type in a config.json (per_layer_config / global_head_dim)."""
+    if layer_type is None:
+        return None
+    overrides = d.get("per_layer_config")
+    layer_types = d.get("layer_types")
+    if isinstance(overrides, Mapping) and isinstance(layer_types, list) and layer_type in layer_types:
+        by_index = {int(k): v for k, v in overrides.items() if isinstance(v, Mapping)}
+        values = {by_index.get(i, {}).get("head_dim") for i, t in enumerate(layer_types) if t == layer_type}
+        if len(values) > 1:
+            raise ValueError(f"layer_type {layer_type!r} has different head_dim on different layers: "
+                             f"{sorted(values, key=str)}")
+        value = values.pop() if values else None
+        if value is not None:
+            return int(value)
+        if overrides:
+            return None
+    if layer_type == "full_attention" and d.get("global_head_dim") is not None:
+        return int(d["global_head_dim"])  # Gemma 4 checkpoints
+    return None
+
+
+def hf_layer_types(cfg: Any) -> list[str]:
+    """The layer types of a per-layer-type ``rope_parameters`` (e.g. ``["full_attention",
+    "sliding_attention"]``), ``[]`` when one dict serves every layer."""
+    src = _HFSource.make(cfg, None)
+    raw = src.get("rope_scaling") or src.get("rope_parameters") or {}
+    if isinstance(raw, Mapping) and raw and all(isinstance(v, Mapping) or v is None for v in raw.values()) and any(
+            isinstance(v, Mapping) for v in raw.values()):
+        return [k for k, v in raw.items() if v is not None]
+    return []

@@ -1,0 +1,211 @@
+"""Caches under concurrent callers and under torch.compile.
+
+Threads share one RopeConfig / module and call it with positions that move between regimes (dynamic
+NTK lengths past max_position_embeddings, LongRoPE short and long), so entries are added and evicted
+while others read them. Every result is compared with the float64 reference on fresh random inputs.
+"""
+from __future__ import annotations
+
+import copy
+import pickle
+import sys
+import threading
+import time
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounterWithBackend
+
+import posenc_native as pn
+from posenc_native import reference
+from posenc_native.config import RopeConfig
+from posenc_native.modules import RoPEPositionalEncoding, YaRNPositionalEncoding
+
+THREADS, STEPS = 4, 60
+D = 16
+
+SCHEMES = {
+    "default": {},
+    "linear": {"rope_type": "linear", "factor": 2.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 3.0},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+    "longrope": {"rope_type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(D // 2)],
+                 "long_factor": [1.0 + 2.0 * i for i in range(D // 2)], "original_max_position_embeddings": 16},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16},
+    "proportional": {"rope_type": "proportional", "factor": 1.0},
+}
+
+
+def make_config(name: str) -> RopeConfig:
+    return RopeConfig(head_dim=D, base=10000.0, max_position_embeddings=64, scaling=SCHEMES[name],
+                      partial_rotary_factor=0.5 if name == "proportional" else None)
+
+
+@pytest.fixture(autouse=True)
+def _tight_switching():
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: races show up
+    yield
+    sys.setswitchinterval(old)
+
+
+def run_threads(work) -> None:
+    """Run ``work(thread_index, generator)`` in THREADS threads started together; re-raise the first error."""
+    barrier = threading.Barrier(THREADS)
+    errors: list[BaseException] = []
+
+    def target(i: int) -> None:
+        try:
+            barrier.wait()
+            work(i, torch.Generator().manual_seed(1000 + i))
+        except BaseException as e:  # noqa: BLE001 - reported in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def random_positions(gen: torch.Generator, step: int) -> torch.Tensor:
+    """Two positions per step whose maximum wanders across 16 (LongRoPE switch) and 64 (dynamic NTK L)."""
+    top = int(torch.randint(1, 200, (1,), generator=gen)) + step
+    return torch.tensor([top - 1, top]) if top > 0 else torch.tensor([0, 1])
+
+
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_shared_rotary_embedding_matches_reference_under_threads(scheme):
+    cfg = make_config(scheme)
+    module = pn.RotaryEmbedding(cfg)
+
+    def work(i: int, gen: torch.Generator) -> None:
+        for step in range(STEPS):
+            q = torch.randn(1, 2, 3, D, generator=gen, dtype=torch.float64)
+            k = torch.randn(1, 2, 1, D, generator=gen, dtype=torch.float64)
+            pos = random_positions(gen, step)
+            out_q, out_k = module(q, k, pos)
+            ref_q, ref_k = reference.apply_rope(q, k, pos, cfg)
+            torch.testing.assert_close(out_q, ref_q, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(out_k, ref_k, rtol=1e-12, atol=1e-12)
+
+    run_threads(work)
+
+
+@pytest.mark.parametrize("scheme", ["dynamic", "longrope", "yarn"])
+def test_shared_config_in_place_and_frequencies_under_threads(scheme):
+    cfg = make_config(scheme)
+
+    def work(i: int, gen: torch.Generator) -> None:
+        for step in range(STEPS):
+            seq_len = int(torch.randint(0, 300, (1,), generator=gen))
+            got = cfg.inv_freq_on("cpu", seq_len)
+            assert torch.equal(got, cfg.inv_freq(seq_len)), (scheme, seq_len)
+            q = torch.randn(2, 3, 2, D, generator=gen, dtype=torch.float64)
+            pos = torch.randint(0, 300, (2, 3), generator=gen)
+            ref_q, _ = reference.apply_rope(q, None, pos, cfg)
+            pn.apply_rope_(q, None, pos, config=cfg)
+            torch.testing.assert_close(q, ref_q, rtol=1e-12, atol=1e-12)
+
+    run_threads(work)
+    assert len(cfg._frequencies._entries) <= cfg._frequencies.MAX_ENTRIES  # bounded, even for dynamic NTK
+
+
+class YieldingInt(int):
+    """An int that lets other threads run whenever a cache hashes or compares it: it opens the
+    windows between a cache's lookups and writes that the interpreter otherwise rarely switches in."""
+
+    def __hash__(self) -> int:
+        time.sleep(0)
+        return int.__hash__(self)
+
+    def __eq__(self, other: object) -> bool:
+        time.sleep(0)
+        return int(self) == other
+
+
+@pytest.mark.parametrize("scheme", ["dynamic", "longrope"])
+def test_frequency_cache_hammered_by_threads(scheme):
+    """Many regimes, few entries: threads add and evict entries while others read (a shared dict
+    cleared in place raised KeyError here)."""
+    cfg = make_config(scheme)
+    module = pn.RotaryEmbedding(cfg)
+    expected = {n: cfg.inv_freq(n) for n in range(0, 400)}
+
+    def work(i: int, gen: torch.Generator) -> None:
+        lengths = torch.randint(0, 400, (1500,), generator=gen).tolist()
+        for n in lengths:
+            assert torch.equal(module.inv_freq(torch.device("cpu"), YieldingInt(n)), expected[n])
+
+    run_threads(work)
+
+
+def test_seed_modules_shared_under_threads():
+    rope, yarn = RoPEPositionalEncoding(D), YaRNPositionalEncoding(D, original_max_position_embeddings=32,
+                                                                     scaling_factor=4.0)
+
+    def work(i: int, gen: torch.Generator) -> None:
+        for _ in range(STEPS):
+            seq = int(torch.randint(1, 50, (1,), generator=gen))
+            angles = rope(seq)
+            expected = reference.rope_angles(torch.arange(seq), rope.config.inv_freq())
+            torch.testing.assert_close(angles, torch.cat((expected, expected), -1).float(), rtol=0, atol=0)
+            cos, sin = yarn(seq)
+            ref_cos, ref_sin = reference.rope_tables(seq, yarn.config, dtype=torch.float32)
+            assert torch.equal(cos, ref_cos) and torch.equal(sin, ref_sin)
+            q = torch.randn(1, 2, seq, D, generator=gen, dtype=torch.float64)
+            out, _ = yarn.rotate(q)
+            torch.testing.assert_close(out, reference.apply_rope(q, None, None, yarn.config, layout="bhsd")[0],
+                                       rtol=1e-12, atol=1e-12)
+
+    run_threads(work)
+
+
+def test_copies_get_their_own_cache():
+    cfg = make_config("dynamic")
+    module = pn.RotaryEmbedding(cfg)
+    q = torch.randn(1, 5, 2, D, dtype=torch.float64)
+    expected, _ = module(q, None, torch.arange(100, 105))
+    for other in (copy.deepcopy(module), pickle.loads(pickle.dumps(module))):
+        assert other.config == cfg and other.config._frequencies is not cfg._frequencies
+        got, _ = other(q, None, torch.arange(100, 105))
+        assert torch.equal(got, expected)
+
+
+@pytest.fixture
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("scheme", ["default", "yarn", "llama3", "proportional"])
+def test_config_path_compiles_once_without_graph_breaks(scheme, _fresh_dynamo):
+    """config= and the module read the cached frequencies inside a compiled decode loop: one graph,
+    no recompiles after the int offset becomes a symbol."""
+    cfg = make_config(scheme)
+    module = pn.RotaryEmbedding(cfg)
+
+    def step(q, k, cache_len: int):
+        a = pn.apply_rope(q, k, config=cfg, offset=cache_len)
+        b = module(q, k, offset=cache_len)
+        return a[0] + b[0], a[1] + b[1]
+
+    explanation = torch._dynamo.explain(step)(torch.randn(1, 1, 4, D), torch.randn(1, 1, 2, D), 3)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(step, backend=counter, fullgraph=True)
+    compiles = None
+    for cache_len in range(5, 12):
+        q, k = torch.randn(1, 1, 4, D, dtype=torch.float64), torch.randn(1, 1, 2, D, dtype=torch.float64)
+        got = compiled(q, k, cache_len)
+        ref_q, ref_k = reference.apply_rope(q, k, None, cfg, offset=cache_len)
+        torch.testing.assert_close(got[0], 2 * ref_q, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(got[1], 2 * ref_k, rtol=1e-12, atol=1e-12)
+        if cache_len == 6:
+            compiles = counter.frame_count
+    assert counter.frame_count == compiles

@@ -76,7 +76,7 @@ def test_inplace_overlap_decided_exactly(case):
     """rope_ and rope_cos_sin_ reject exactly the q/k that share a byte (each other or themselves),
     including the non-dense overlaps torch calls TooHard; everything else is rotated correctly."""
     (qs, qst, qo), (ks, kst, ko), use_table = case
-    buf = torch.randn(400, dtype=torch.float64, generator=torch.Generator().manual_seed(qo * 131 + ko))
+    buf = torch.randn(1024, dtype=torch.float64, generator=torch.Generator().manual_seed(qo * 131 + ko))
     q, k = buf.as_strided(qs, qst, qo), buf.as_strided(ks, kst, ko)
     aq, ak = addresses(q), addresses(k)
     overlapping = bool(aq & ak) or self_overlaps(q) or self_overlaps(k)

@@ -25,10 +25,11 @@ def with_threads(n: int, fn):
 
 
 def runs_of_positions(g: torch.Generator, batch: int, seq: int) -> torch.Tensor:
-    """Mostly consecutive positions (where the kernels advance angles) with random jumps (where they
-    restart), a different start per batch row."""
-    jump = torch.rand(batch, seq, generator=g) < 0.03
-    steps = torch.where(jump, torch.randint(2, 5000, (batch, seq), generator=g), torch.ones(batch, seq, dtype=torch.long))
+    """Mostly consecutive positions (where the kernels advance angles), some repeated (where they reuse
+    them) and random jumps (where they restart), a different start per batch row."""
+    u = torch.rand(batch, seq, generator=g)
+    steps = torch.where(u < 0.03, torch.randint(2, 5000, (batch, seq), generator=g),
+                        (u >= 0.13).long())  # 10% repeats: step 0
     start = torch.randint(0, 1 << 20, (batch, 1), generator=g)
     return start + steps.cumsum(1)
 
@@ -57,6 +58,8 @@ def test_rope_from_frequencies_thread_count_independent(dtype, interleaved):
     pos = runs_of_positions(g, B, S)
     cu = torch.tensor([0, 150, 151, 400, B * S])  # packed: positions restart per sequence
     qt, kt = q.reshape(B * S, Hq, D), k.reshape(B * S, Hk, D)
+    q_step = torch.randn(400, 1, Hq, D, generator=g).to(dtype)
+    k_step = torch.randn(400, 1, Hk, D, generator=g).to(dtype)
 
     def run() -> list[torch.Tensor]:
         out = []
@@ -69,6 +72,8 @@ def test_rope_from_frequencies_thread_count_independent(dtype, interleaved):
             out += [q2, k2]
         out += pn.apply_rope(q, k, pos, inv_freq=inv, interleaved=interleaved)
         out.append(pn.apply_rope(qp, None, pos, inv_freq=inv_partial, interleaved=interleaved)[0])
+        # decode: one token per sequence, every sequence at the same position (the angles repeat)
+        out += pn.apply_rope(q_step, k_step, torch.full((400, 1), 12345), inv_freq=inv, interleaved=interleaved)
         return out
 
     assert_same_bits({n: with_threads(n, run) for n in THREADS})

@@ -45,9 +45,12 @@ template <typename T, bool kInterleaved, bool kInverse>
 POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, int64_t begin, int64_t end) {
   using M = math_t<T>;
   const int64_t pairs = p.pairs();
-  std::vector<M> rows(2 * p.rot_dim);
-  M* C = rows.data();
-  M* S = C + p.rot_dim;
+  // Factor rows on 64-byte boundaries, so no vector load of them straddles two cache lines.
+  constexpr int64_t kAlign = 64 / sizeof(M);
+  const int64_t row_len = (p.rot_dim + kAlign - 1) / kAlign * kAlign;
+  std::vector<M> rows(2 * row_len + kAlign);
+  M* C = rows.data() + (kAlign - reinterpret_cast<uintptr_t>(rows.data()) / sizeof(M) % kAlign) % kAlign;
+  M* S = C + row_len;
   const auto rotate_token = [&](int64_t b, int64_t s) {
     rotate_heads<kInterleaved, T>(p, p.q, b, s, C, S, simd);
     rotate_heads<kInterleaved, T>(p, p.k, b, s, C, S, simd);

@@ -184,7 +184,7 @@ inline void rotate_block(const typename D::T* src, typename D::T* dst, int64_t j
 }
 
 // The row kernel (isa.h, RotateRowFn): two vectors per step (fewer loop instructions, and bf16 packs
-// two vectors per store), then one more vector if a whole one is left; returns the pairs done per row.
+// two vectors per store), then single vectors; returns the pairs done per row.
 template <class I, class D, bool kInterleaved>
 int64_t rotate_row_simd(const void* src_v, void* dst_v, int64_t rows, int64_t src_stride, int64_t dst_stride,
                         int64_t pairs, const float* C, const float* S) {
@@ -197,7 +197,7 @@ int64_t rotate_row_simd(const void* src_v, void* dst_v, int64_t rows, int64_t sr
     const T* src = static_cast<const T*>(src_v) + r * src_stride;
     T* dst = static_cast<T*>(dst_v) + r * dst_stride;
     for (int64_t j = 0; j < twos; j += 2 * W) rotate_block<I, D, kInterleaved, 2>(src, dst, j, pairs, C, S);
-    if (full > twos) rotate_block<I, D, kInterleaved, 1>(src, dst, twos, pairs, C, S);
+    for (int64_t j = twos; j < full; j += W) rotate_block<I, D, kInterleaved, 1>(src, dst, j, pairs, C, S);
   }
   return kInterleaved ? full / 2 : full;
 }

@@ -9,9 +9,10 @@
 namespace posenc::cpu {
 
 // sin/cos(position * freq[i]) * amplitude for i < n, in the math type M, for row r of a problem
-// (a token or an encoding row) at position_of(r). Row r is computed directly with sincos_row when
-// r is a multiple of kDirectEvery or its position is not row r-1's plus one; otherwise it is
-// advanced from row r-1 by a rotation in float64. Which rows are direct thus depends only on the
+// (a token or an encoding row) at position_of(r). Row r is computed directly with sincos_row when r
+// is a multiple of kDirectEvery or its position is neither row r-1's nor row r-1's plus one; one
+// past row r-1 it is advanced from it by a rotation in float64; at row r-1's position (a decode
+// batch, every row at one position) it repeats it. Which rows are direct thus depends only on the
 // row index and the positions, never on where a parallel chunk begins: a chunk's first row replays
 // from the last direct row at or before it, so any thread count gives the same bits.
 template <typename M>
@@ -29,33 +30,23 @@ class SinCosStream {
   }
 
   // Fills sin() and cos() for row `row` (position_of(row) gives a row's position as a double). A
-  // consumer that can read float64 rows passes math_rows = false: an advanced row then stays in
-  // state_sin()/state_cos() (from_state() is true), which saves a pass over the row.
+  // consumer that can read float64 rows passes math_rows = false: a row that was not computed
+  // directly then stays in state_sin()/state_cos() (from_state() is true), which saves a pass.
   template <typename PositionOf>
   void at(int64_t row, const PositionOf& position_of, bool math_rows = true) {
     const double position = position_of(row);
-    from_state_ = false;
-    if (row != next_row_) {  // a chunk's first row: start from the last direct row at or before it
+    if (row != next_row_) {  // a chunk's first row: replay from the last direct row at or before it
       int64_t r = row;
       double p = position;
       while (r % kDirectEvery != 0) {
         const double before = position_of(r - 1);
-        if (p != before + 1.0) break;
+        if (p != before + 1.0 && p != before) break;
         --r;
         p = before;
       }
-      direct(p);
-      for (int64_t t = r + 1; t < row; ++t) advance(false);
-      previous_ = r == row ? position : position_of(row - 1);
-      if (r == row) return finish(row, position);
+      for (int64_t t = r; t < row; ++t) step(t, position_of(t), false);
     }
-    if (row % kDirectEvery != 0 && position == previous_ + 1.0) {
-      advance(math_rows);
-      from_state_ = !math_rows;
-    } else {
-      direct(position);
-    }
-    finish(row, position);
+    step(row, position, math_rows);
   }
 
   bool from_state() const { return from_state_; }
@@ -66,7 +57,24 @@ class SinCosStream {
   const M* cos() const { return cos_.data(); }
 
  private:
-  void finish(int64_t row, double position) {
+  // One row after the previous one (row - 1, at previous_), by the rule above.
+  void step(int64_t row, double position, bool math_rows) {
+    const bool follows = row == next_row_ && row % kDirectEvery != 0;
+    if (follows && position == previous_ + 1.0) {
+      advance(math_rows);
+      from_state_ = !math_rows;
+    } else if (follows && position == previous_) {  // the same angles again
+      if (math_rows) {
+        for (int64_t i = 0; i < n_; ++i) {  // what advance writes: the state in M, times the amplitude
+          sin_[i] = static_cast<M>(sin_state_[i]) * amplitude_;
+          cos_[i] = static_cast<M>(cos_state_[i]) * amplitude_;
+        }
+      }
+      from_state_ = !math_rows;
+    } else {
+      direct(position);
+      from_state_ = false;
+    }
     previous_ = position;
     next_row_ = row + 1;
   }

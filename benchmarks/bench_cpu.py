@@ -3,8 +3,10 @@
 
     python benchmarks/bench_cpu.py                 # full sizes (a few minutes on 2 cores)
     python benchmarks/bench_cpu.py --quick         # small sizes: a smoke test, numbers mean little
-    python benchmarks/bench_cpu.py --only rope     # one section: sinusoidal | rope
+    python benchmarks/bench_cpu.py --only rope     # one section: sinusoidal | rope | decode
+    POSENC_CPU_ISA=avx2 python benchmarks/bench_cpu.py   # cap the kernels' instruction set (see README)
     python benchmarks/bench_cpu.py --threads 1     # one thread (steadier on a shared machine)
+    python benchmarks/bench_cpu.py --threads 1 --clock cpu  # this thread's CPU time: immune to time slicing
     python benchmarks/bench_cpu.py --malloc system # let large outputs pay first-touch page faults
 
 Every number is the median wall time of several repeats after warm-up, measured in this one run, so
@@ -42,6 +44,7 @@ class Settings:
     repeat: int
     min_time: float
     compile: bool
+    clock: Callable[[], float] = time.perf_counter
 
 
 def bench(fn: Callable[[], object], settings: Settings) -> float:
@@ -52,10 +55,27 @@ def bench(fn: Callable[[], object], settings: Settings) -> float:
         fn()
     times: list[float] = []
     while len(times) < settings.repeat or (sum(times) < settings.min_time and len(times) < 100):
-        t0 = time.perf_counter()
+        t0 = settings.clock()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(settings.clock() - t0)
     return 1e3 * statistics.median(times)
+
+
+def bench_together(fns: list[Callable[[], object]], settings: Settings) -> list[float]:
+    """Median wall time (ms) of each of fns, timed in alternation (one call of each per round), so
+    load from other processes on a shared machine drifts into all of them alike and their ratios
+    stay meaningful."""
+    for fn in fns:
+        for _ in range(settings.warmup):
+            fn()
+    times: list[list[float]] = [[] for _ in fns]
+    while len(times[0]) < settings.repeat or (sum(map(sum, times)) < settings.min_time * len(fns)
+                                              and len(times[0]) < 100):
+        for fn, ts in zip(fns, times):
+            t0 = settings.clock()
+            fn()
+            ts.append(settings.clock() - t0)
+    return [1e3 * statistics.median(ts) for ts in times]
 
 
 @dataclass
@@ -187,7 +207,15 @@ def hf_cos_sin(x: torch.Tensor, position_ids: torch.Tensor, inv_freq: torch.Tens
     return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
 
 
+def _dt(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
 def section_rope(s: Settings) -> list[Row]:
+    """Prefill-sized RoPE per dtype and pairing: in place against the in-place memory floor
+    ``q.mul_(c); k.mul_(c)`` (the same bytes read and written once), out of place against the
+    allocating floor ``q * c, k * c``, and (half-split) against transformers' eager code and its
+    torch.compile."""
     try:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_apply
     except ImportError:
@@ -198,7 +226,6 @@ def section_rope(s: Settings) -> list[Row]:
     base = 10000.0
     yarn_inv, yarn_att, yarn_source = yarn_params(D, base, factor=4.0, original=4096)
     print(f"YaRN inv_freq and attention factor ({yarn_att:.6f}) from {yarn_source}")
-    schemes = [("default", default_inv_freq(D, base), 1.0), ("yarn x4", yarn_inv, yarn_att)]
     rows = []
     g = torch.Generator().manual_seed(1)
     position_ids = torch.arange(S)[None, :].expand(B, S)
@@ -210,50 +237,129 @@ def section_rope(s: Settings) -> list[Row]:
         return hf_apply(qt, kt, cos, sin)
 
     compiled_path = torch.compile(eager_path, dynamic=False) if (hf_apply and s.compile) else None
+    inplace_goal = {torch.float32: Goal(1.05, "<= 1.05x"), torch.bfloat16: Goal(1.1, "<= 1.1x"),
+                    torch.float16: Goal(1.1, "<= 1.1x")}
 
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
         q = torch.randn(B, S, Hq, D, generator=g).to(dtype)
         k = torch.randn(B, S, Hk, D, generator=g).to(dtype)
         tol = 1e-5 if dtype == torch.float32 else 1e-2
-        dt = str(dtype).replace("torch.", "")
-        clone = bench(lambda: (q.clone(), k.clone()), s)
-        for scheme, inv_freq, att in schemes:
-            inv32 = inv_freq.float()
-            scaling = torch.tensor(att, dtype=torch.float32)  # a tensor: no recompile per scheme
-            name = f"rope {scheme} q=[{B},{S},{Hq},{D}] k=[..,{Hk},..] {dt}"
+        dt = _dt(dtype)
+        c = torch.tensor(0.999, dtype=dtype)
+        qf, kf = q.clone(), k.clone()
 
-            def ours_oop():
-                return pn.apply_rope(q, k, inv_freq=inv_freq, attention_factor=att)
+        def floor_inplace():
+            qf.mul_(c)
+            kf.mul_(c)
 
-            qi, ki = q.clone(), k.clone()
+        floor_alloc_fn = lambda: (q * c, k * c)  # noqa: E731
+        schemes = [("default", default_inv_freq(D, base), 1.0)]
+        if dtype == torch.float32:
+            schemes.append(("yarn x4", yarn_inv, yarn_att))
+        for interleaved in (False, True):
+            for scheme, inv_freq, att in schemes:
+                pairing = "interleaved" if interleaved else "half-split"
+                name = f"rope {scheme} {pairing} q=[{B},{S},{Hq},{D}] k=[..,{Hk},..] {dt}"
 
-            def ours_inplace():
-                return pn.apply_rope_(qi, ki, inv_freq=inv_freq, attention_factor=att)
+                def ours_oop():
+                    return pn.apply_rope(q, k, inv_freq=inv_freq, attention_factor=att, interleaved=interleaved)
 
-            oop = bench(ours_oop, s)
-            inplace = bench(ours_inplace, s)
-            rows.append(Row(name + " in-place", inplace, "q.clone(); k.clone()", clone, Goal(1.0, "<= 1.0x")))
-            rows.append(Row(name + " out-of-place", oop, "q.clone(); k.clone()", clone, Goal(1.3, "<= 1.3x")))
-            if hf_apply is None:
-                continue
-            hq, hk = eager_path(q, k, inv32, scaling)
-            oq, ok = ours_oop()
-            check(f"{name} vs transformers (q)", oq.transpose(1, 2), hq, 10 * tol)
-            check(f"{name} vs transformers (k)", ok.transpose(1, 2), hk, 10 * tol)
-            eager = bench(lambda: eager_path(q, k, inv32, scaling), s)
-            rows.append(Row(name + " out-of-place", oop, "transformers eager", eager))
-            if compiled_path is not None:
-                compiled = bench(lambda: compiled_path(q, k, inv32, scaling), s)
-                rows.append(Row(name + " out-of-place", oop, "torch.compile(transformers)", compiled,
-                                Goal(0.5, ">= 2x faster")))
-                rows.append(Row(name + " in-place", inplace, "torch.compile(transformers)", compiled,
-                                Goal(0.5, ">= 2x faster")))
+                qi, ki = q.clone(), k.clone()
+
+                def ours_inplace():
+                    return pn.apply_rope_(qi, ki, inv_freq=inv_freq, attention_factor=att, interleaved=interleaved)
+
+                # each pairing's rows are timed against floors measured alongside them (bench_together)
+                floor_in, inplace, floor_alloc, oop = bench_together(
+                    [floor_inplace, ours_inplace, floor_alloc_fn, ours_oop], s)
+                rows.append(Row(name + " in-place", inplace, "q.mul_(c); k.mul_(c)", floor_in, inplace_goal[dtype]))
+                rows.append(Row(name + " out-of-place", oop, "q * c, k * c", floor_alloc))
+                if hf_apply is None or interleaved:
+                    continue  # transformers' apply_rotary_pos_emb is half-split
+                inv32 = inv_freq.float()
+                scaling = torch.tensor(att, dtype=torch.float32)  # a tensor: no recompile per scheme
+                hq, hk = eager_path(q, k, inv32, scaling)
+                oq, ok = ours_oop()
+                check(f"{name} vs transformers (q)", oq.transpose(1, 2), hq, 10 * tol)
+                check(f"{name} vs transformers (k)", ok.transpose(1, 2), hk, 10 * tol)
+                eager = bench(lambda: eager_path(q, k, inv32, scaling), s)
+                rows.append(Row(name + " out-of-place", oop, "transformers eager", eager))
+                if compiled_path is not None:
+                    compiled = bench(lambda: compiled_path(q, k, inv32, scaling), s)
+                    rows.append(Row(name + " out-of-place", oop, "torch.compile(transformers)", compiled,
+                                    Goal(0.5, ">= 2x faster")))
+                    rows.append(Row(name + " in-place", inplace, "torch.compile(transformers)", compiled,
+                                    Goal(0.5, ">= 2x faster")))
+    return rows
+
+
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 8192}
+
+
+def _patched_llama_rotary(Hq: int, Hk: int, D: int):
+    """A patched transformers Llama's rotary path (rotary module + the attention's apply_rotary_pos_emb),
+    or None when transformers or the integration is missing."""
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+        from transformers.models.llama import modeling_llama
+        from posenc_native.integrations.transformers import patch
+    except ImportError:
+        return None
+    cfg = LlamaConfig(hidden_size=256, intermediate_size=32, num_hidden_layers=1, num_attention_heads=Hq,
+                      num_key_value_heads=Hk, head_dim=D, vocab_size=32, max_position_embeddings=131072,
+                      rope_parameters={"rope_theta": 500000.0, **LLAMA3_SCALING})
+    try:
+        model = patch(LlamaForCausalLM(cfg).eval())
+    except Exception as exc:  # an integration that refuses this config: report, keep benchmarking
+        print(f"note: patching a transformers Llama failed ({type(exc).__name__}: {exc})")
+        return None
+    rotary = model.model.rotary_emb
+
+    def step(q, k, position_ids):  # q, k in transformers' [B, H, 1, D]
+        cos, sin = rotary(q, position_ids)
+        return modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)
+
+    return step, model
+
+
+def section_decode(s: Settings) -> list[Row]:
+    """One-token decode steps: per-call time of each way in, against two ``mul_`` calls on the same
+    tensors (the least a fused in-place call could cost from Python)."""
+    Hq, Hk, D = 32, 8, 128
+    cfg = pn.RopeConfig(head_dim=D, base=500000.0, max_position_embeddings=131072, scaling=LLAMA3_SCALING)
+    inv_freq, att = cfg.inv_freq().to(torch.float64), float(cfg.attention_factor)
+    module = pn.RotaryEmbedding(cfg)
+    patched = _patched_llama_rotary(Hq, Hk, D)
+    if patched is None:
+        print("note: transformers or its integration is not importable: no patched-model decode row")
+    rows = []
+    g = torch.Generator().manual_seed(2)
+    for B in (1, 64):
+        q = torch.randn(B, 1, Hq, D, generator=g)
+        k = torch.randn(B, 1, Hk, D, generator=g)
+        pos = torch.full((B, 1), 1000, dtype=torch.long)
+        c = torch.tensor(0.999)
+        name = f"decode B={B} q=[{B},1,{Hq},{D}] k=[..,{Hk},..] float32"
+        base_name = "q.mul_(c); k.mul_(c)"
+        ways = [(" apply_rope_(inv_freq=)", lambda: pn.apply_rope_(q, k, pos, inv_freq=inv_freq, attention_factor=att),
+                 None),
+                (" apply_rope_(config=llama3)", lambda: pn.apply_rope_(q, k, pos, config=cfg), Goal(1.5, "<= 1.5x")),
+                (" RotaryEmbedding(cfg)", lambda: module(q, k, pos), Goal(2.0, "<= 2.0x"))]
+        if patched is not None:
+            step = patched[0]
+            qt, kt = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()
+            ways.append((" patched transformers Llama rotary", lambda: step(qt, kt, pos), None))
+        floor, *times = bench_together([lambda: (q.mul_(c), k.mul_(c))] + [fn for _, fn, _ in ways], s)
+        for (label, _, goal), ms in zip(ways, times):
+            rows.append(Row(name + label, ms, base_name, floor, goal))
     return rows
 
 
 SECTIONS: dict[str, Callable[[Settings], list[Row]]] = {
     "sinusoidal": section_sinusoidal,
     "rope": section_rope,
+    "decode": section_decode,
 }
 
 
@@ -272,6 +378,10 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def fmt_ms(ms: float) -> str:
+    return f"{ms:.3f}" if ms >= 0.1 else f"{ms:.4f}"  # decode calls take microseconds
+
+
 def print_table(rows: list[Row]) -> None:
     headers = ("benchmark", "ours ms", "baseline", "baseline ms", "ratio", "goal", "")
     cells = []
@@ -279,9 +389,9 @@ def print_table(rows: list[Row]) -> None:
         ratio = r.ratio
         cells.append((
             r.name,
-            f"{r.ours_ms:.3f}",
+            fmt_ms(r.ours_ms),
             r.baseline_name,
-            "n/a" if r.baseline_ms is None else f"{r.baseline_ms:.3f}",
+            "n/a" if r.baseline_ms is None else fmt_ms(r.baseline_ms),
             "n/a" if ratio is None else f"{ratio:.2f}x",
             r.goal.text if r.goal else "",
             r.goal.verdict(ratio) if (r.goal and ratio is not None) else "",
@@ -327,13 +437,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--malloc", choices=["steady", "system"], default="steady",
                         help="steady (default): large blocks are reused between calls; system: glibc's own "
                              "policy (large outputs pay page faults on each call)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="wall (default): elapsed time; cpu: this thread's CPU time (needs --threads 1: "
+                             "time spent descheduled by other processes is not counted)")
     args = parser.parse_args(argv)
+    if args.clock == "cpu" and args.threads != 1:
+        parser.error("--clock cpu measures one thread: add --threads 1")
     allocator = steady_malloc() if args.malloc == "steady" else "glibc defaults (--malloc system)"
     if args.threads:
         torch.set_num_threads(args.threads)
     settings = Settings(quick=args.quick, warmup=1 if args.quick else 2,
                         repeat=args.repeat or (3 if args.quick else 7), min_time=0.05 if args.quick else 0.5,
-                        compile=not args.no_compile)
+                        compile=not args.no_compile,
+                        clock=time.thread_time if args.clock == "cpu" else time.perf_counter)
 
     command = " ".join(["python", os.path.relpath(__file__)] + (sys.argv[1:] if argv is None else argv))
     info = pn.build_info()
@@ -343,8 +459,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"machine:  {cpu_model()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}{load}")
     print(f"software: python {platform.python_version()}, torch {torch.__version__}, posenc-native {info['version']} "
           f"({info['cxx_compiler']})")
+    isa = info.get("cpu_isa", "unknown (a library without POSENC_CPU_ISA)")
+    print(f"CPU path: {isa} (POSENC_CPU_ISA={os.environ.get('POSENC_CPU_ISA', '')!r} caps it)")
     print(f"malloc:   {allocator}")
-    print(f"timing:   median of >= {settings.repeat} calls (and >= {settings.min_time} s) after {settings.warmup} "
+    print(f"timing:   {args.clock} clock, median of >= {settings.repeat} calls (and >= {settings.min_time} s) after {settings.warmup} "
           "warm-up; ratio = ours / baseline")
     print()
     start = time.perf_counter()

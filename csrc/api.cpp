@@ -2,9 +2,22 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <sstream>
 
+#include "cpu/isa.h"
 #include "posenc/posenc.h"
 
 namespace posenc {
+
+namespace {
+// The CPU path the kernels take in this process (csrc/cpu/isa.h): a run-time fact, reported here
+// so benchmarks and bug reports can say which path ran.
+std::string cpu_path() {
+  try {
+    return cpu::isa_name(cpu::cpu_isa());
+  } catch (const std::exception&) {
+    return "invalid POSENC_CPU_ISA";
+  }
+}
+}  // namespace
 
 std::string build_info_json() {
   std::ostringstream s;
@@ -19,7 +32,8 @@ std::string build_info_json() {
 #ifdef POSENC_WITH_CUDA
     << POSENC_CUDA_COMPILER
 #endif
-    << "\", \"cxx11_abi\": " << _GLIBCXX_USE_CXX11_ABI << ", \"cplusplus\": " << __cplusplus << "}";
+    << "\", \"cxx11_abi\": " << _GLIBCXX_USE_CXX11_ABI << ", \"cplusplus\": " << __cplusplus
+    << ", \"cpu_isa\": \"" << cpu_path() << "\"}";
   return s.str();
 }
 

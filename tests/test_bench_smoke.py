@@ -54,7 +54,19 @@ def test_bench_quick_rope():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = table_rows(proc.stdout)
     names = " ".join(rows)
-    for what in ("rope default", "rope yarn", "in-place", "out-of-place", "q.clone(); k.clone()", "transformers eager",
-                 "float32", "bfloat16"):
+    for what in ("rope default", "rope yarn", "half-split", "interleaved", "in-place", "out-of-place",
+                 "q.mul_(c); k.mul_(c)", "q * c, k * c", "transformers eager", "float32", "bfloat16", "float16"):
         assert what in names, f"{what!r} missing from the table:\n{proc.stdout}"
     assert not any(r.startswith("sinusoidal") for r in rows)
+    assert "CPU path:" in proc.stdout
+
+
+@pytest.mark.skipif(not BENCH.exists(), reason="benchmarks/ not in this tree")
+def test_bench_quick_decode():
+    proc = run_bench("--only", "decode", "--threads", "1", "--clock", "cpu")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = table_rows(proc.stdout)
+    names = " ".join(rows)
+    for what in ("decode B=1 ", "decode B=64 ", "apply_rope_(inv_freq=)", "apply_rope_(config=llama3)",
+                 "RotaryEmbedding(cfg)", "q.mul_(c); k.mul_(c)"):
+        assert what in names, f"{what!r} missing from the table:\n{proc.stdout}"

@@ -1,6 +1,11 @@
-"""The CPU kernels have an AVX512-BF16 path for bf16 RoPE rows (csrc/cpu/rotate_bf16_avx512.cpp) and
-a portable one (POSENC_CPU_PORTABLE=1 forces it). The float64-reference tests exercise whichever
-this CPU takes; this test runs the same bf16 problems both ways and requires identical bits."""
+"""The CPU RoPE kernels have one SIMD body per instruction set (csrc/cpu/isa.h: avx2, avx512,
+avx512bf16) and a portable loop; POSENC_CPU_ISA caps the path. The float64-reference tests exercise
+whichever path this CPU takes; these tests run the same problems on every path this CPU has, each in
+its own process, and require the portable path's bits.
+
+Known exceptions, avoided by these inputs (random normal values): NaN payloads (F16C and
+vcvtneps2bf16 keep them, the portable conversions write one canonical NaN) and, on avx512bf16, bf16
+results below 2^-126 (vcvtneps2bf16 flushes them to zero)."""
 from __future__ import annotations
 
 import os
@@ -11,45 +16,93 @@ from pathlib import Path
 import pytest
 import torch
 
+PATHS = ("portable", "avx2", "avx512", "avx512bf16")
+
 SCRIPT = r"""
 import sys, torch, posenc_native as pn
+print(pn.build_info()["cpu_isa"])
 g = torch.Generator().manual_seed(0)
 out = []
-for head_dim, rot in ((128, 128), (72, 72), (96, 64), (40, 8)):   # full, a 16-pair tail, partial, tiny
-    q = torch.randn(2, 9, 4, head_dim, generator=g).bfloat16()
-    k = torch.randn(2, 9, 2, head_dim, generator=g).bfloat16()
-    inv = 1.0 / 10000 ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot)
-    pos = torch.randint(0, 1 << 20, (2, 9), generator=g)
-    for inverse in (False, True):
-        out += list(torch.ops.posenc.rope(q, k, pos, None, inv, 1.1, False, "bshd", 3, inverse))
-    q2, k2 = q.clone(), k.clone()
-    torch.ops.posenc.rope_(q2, k2, pos, None, inv, 1.1, False, "bshd", 0, False)
-    out += [q2, k2]
-    cos = torch.randn(2, 9, rot, generator=g).bfloat16()
-    sin = torch.randn(2, 9, rot, generator=g).bfloat16()
-    out += list(torch.ops.posenc.rope_cos_sin(q, k, cos, sin, None, "bshd", False))
+for dtype in (torch.float32, torch.bfloat16, torch.float16):
+    # full, SIMD tails (36 and 20 pairs), partial rotary, fewer pairs than any vector
+    for head_dim, rot in ((128, 128), (72, 72), (40, 40), (96, 64), (40, 8)):
+        q = torch.randn(2, 9, 4, head_dim, generator=g).to(dtype)
+        k = torch.randn(2, 9, 2, head_dim, generator=g).to(dtype)
+        inv = 1.0 / 10000 ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot)
+        pos = torch.randint(0, 1 << 20, (2, 9), generator=g)
+        for interleaved in (False, True):
+            for inverse in (False, True):
+                out += list(torch.ops.posenc.rope(q, k, pos, None, inv, 1.1, interleaved, "bshd", 3, inverse))
+                out += list(torch.ops.posenc.rope(q, k, None, None, inv, 1.0, interleaved, "bshd", 0, inverse))
+            q2, k2 = q.clone(), k.clone()
+            torch.ops.posenc.rope_(q2, k2, pos, None, inv, 1.1, interleaved, "bshd", 0, False)
+            out += [q2, k2]
+            cos = torch.randn(2, 9, rot, generator=g).to(dtype)
+            sin = torch.randn(2, 9, rot, generator=g).to(dtype)
+            for inverse in (False, True):
+                out += list(torch.ops.posenc.rope_cos_sin(q, k, cos, sin, None, "bshd", inverse))
 torch.save(out, sys.argv[1])
 """
 
 
-def _run(tmp_path: Path, name: str, portable: bool) -> list:
+def _env(**set_vars: str) -> dict:
     env = dict(os.environ)
     env.pop("POSENC_CPU_PORTABLE", None)
-    if portable:
-        env["POSENC_CPU_PORTABLE"] = "1"
+    env.pop("POSENC_CPU_ISA", None)
+    env.update(set_vars)
+    return env
+
+
+def _run(tmp_path: Path, name: str, env: dict) -> tuple[str, list]:
     path = tmp_path / f"{name}.pt"
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(path)], env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return torch.load(path)
+    return proc.stdout.split()[0], torch.load(path)
 
 
-def test_avx512_bf16_rows_equal_portable_rows(tmp_path):
+@pytest.fixture(scope="module")
+def portable(tmp_path_factory) -> list:
+    taken, out = _run(tmp_path_factory.mktemp("portable"), "portable", _env(POSENC_CPU_ISA="portable"))
+    assert taken == "portable"
+    return out
+
+
+@pytest.mark.parametrize("path", PATHS[1:])
+def test_every_simd_path_equals_portable(tmp_path, portable, path):
+    taken, out = _run(tmp_path, path, _env(POSENC_CPU_ISA=path))
+    if taken != path:
+        pytest.skip(f"this CPU or build has no {path} path (capped to {taken})")
+    assert len(out) == len(portable) > 0
+    for i, (a, b) in enumerate(zip(out, portable)):
+        assert a.dtype == b.dtype and a.abs().sum() > 0
+        assert torch.equal(a, b), f"{path}: output {i} ({a.dtype}) differs from portable"
+
+
+def test_legacy_portable_switch(tmp_path, portable):
+    taken, out = _run(tmp_path, "legacy", _env(POSENC_CPU_PORTABLE="1"))
+    assert taken == "portable"
+    assert all(torch.equal(a, b) for a, b in zip(out, portable))
+
+
+def test_default_path_is_the_best_available(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", "import posenc_native as pn; print(pn.build_info()['cpu_isa'])"],
+                          env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    if "avx512_bf16" not in flags:
-        pytest.skip("this CPU has no AVX512-BF16: only the portable path exists here")
-    fast, portable = _run(tmp_path, "fast", False), _run(tmp_path, "portable", True)
-    assert len(fast) == len(portable) > 0
-    for a, b in zip(fast, portable):
-        assert a.dtype == torch.bfloat16 and a.abs().sum() > 0
-        assert torch.equal(a, b)
+    if "avx512_bf16" in flags and "avx512bw" in flags:
+        assert proc.stdout.strip() == "avx512bf16"
+    elif " avx2" in flags and " fma" in flags and " f16c" in flags and "avx512bw" not in flags:
+        assert proc.stdout.strip() == "avx2"
+    assert proc.stdout.strip() in PATHS
+
+
+def test_unknown_isa_name_is_a_clear_error(tmp_path):
+    code = ("import torch, posenc_native as pn\n"
+            "q = torch.randn(1, 4, 2, 8)\n"
+            "inv = torch.ones(4, dtype=torch.float64)\n"
+            "pn.apply_rope(q, q.clone(), inv_freq=inv)\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=_env(POSENC_CPU_ISA="sse9"), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "POSENC_CPU_ISA=sse9" in proc.stderr and "avx2" in proc.stderr

@@ -117,12 +117,25 @@ POSENC_HD void rotate_pair(M& a, M& b, const PairFactors<M>& f, bool inverse) {
 
 namespace posenc {
 
-// Rotate pairs [first_pair, pairs) of one head row (src may equal dst). The per-pair factors are
-// given as rows c1, s1, c2, s2 of length pairs (c2/s2 may alias c1/s1). Used by the CPU loop; the
-// CUDA kernel's work items (rope_chunks.h) call rotate_pair directly.
-template <bool kInterleaved, bool kInverse, typename T, typename M>
-inline void rotate_row(const T* src, T* dst, int64_t pairs, const M* __restrict__ c1, const M* __restrict__ s1,
-                       const M* __restrict__ c2, const M* __restrict__ s2, int64_t first_pair = 0) {
+// The CPU loops rotate a head row with two factor rows C and S laid out like the row itself:
+//   out[j] = x[j] * C[j] + x[partner(j)] * S[j],  partner = the other element of j's pair,
+// so one multiply-add shape serves both pairings and both directions (the SIMD kernels in
+// csrc/cpu/simd_rows.h swap neighbours for interleaved pairs). Same bits as rotate_pair: adding
+// b * (-s) is subtracting b * s. set_factors fills pair i's entries.
+template <bool kInterleaved, bool kInverse, typename M>
+POSENC_HD void set_factors(M* C, M* S, int64_t pairs, int64_t i, M c1, M s1, M c2, M s2) {
+  const int64_t a = kInterleaved ? 2 * i : i, b = kInterleaved ? 2 * i + 1 : i + pairs;
+  C[a] = c1;
+  C[b] = c2;
+  S[a] = kInverse ? s2 : -s1;
+  S[b] = kInverse ? -s1 : s2;
+}
+
+// Rotate pairs [first_pair, pairs) of one head row (src may equal dst) with factor rows C, S (see
+// set_factors): the portable CPU loop, which also finishes rows after the SIMD kernels.
+template <bool kInterleaved, typename T, typename M>
+inline void rotate_row(const T* src, T* dst, int64_t pairs, const M* __restrict__ C, const M* __restrict__ S,
+                       int64_t first_pair = 0) {
   const int64_t second = kInterleaved ? 1 : pairs;
   const int64_t step = kInterleaved ? 2 : 1;
   // In place src == dst: each iteration reads its own pair before writing it and touches no other
@@ -130,11 +143,11 @@ inline void rotate_row(const T* src, T* dst, int64_t pairs, const M* __restrict_
   // to a scalar loop whenever src and dst overlap).
 #pragma GCC ivdep
   for (int64_t i = first_pair; i < pairs; ++i) {
-    M a = to_math<M>(src[i * step]);
-    M b = to_math<M>(src[i * step + second]);
-    rotate_pair<M>(a, b, PairFactors<M>{c1[i], s1[i], c2[i], s2[i]}, kInverse);
-    dst[i * step] = from_math<T>(a);
-    dst[i * step + second] = from_math<T>(b);
+    const int64_t ia = i * step, ib = ia + second;
+    const M a = to_math<M>(src[ia]);
+    const M b = to_math<M>(src[ib]);
+    dst[ia] = from_math<T>(a * C[ia] + b * S[ia]);
+    dst[ib] = from_math<T>(b * C[ib] + a * S[ib]);
   }
 }
 

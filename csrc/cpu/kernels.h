@@ -15,9 +15,4 @@ namespace posenc::cpu {
 void run_sinusoidal(const SinusoidalProblem& p, at::ScalarType dtype);
 void run_rope(const RopeProblem& p, at::ScalarType dtype);
 
-// Rotates the leading pairs of a bf16 half-split row with AVX512-BF16 (rotate_bf16_avx512.cpp) and
-// returns how many it did (a multiple of 16; 0 without that instruction set or with
-// POSENC_CPU_PORTABLE=1). The caller finishes the row with the portable loop.
-int64_t rotate_row_bf16_avx512(const uint16_t* src, uint16_t* dst, int64_t pairs, const float* c1, const float* s1,
-                               const float* c2, const float* s2, bool inverse);
 }  // namespace posenc::cpu

@@ -1,79 +1,94 @@
 // CPU kernels of the RoPE ops: tokens in parallel; per token the cos/sin of every pair is formed
-// once (from inv_freq, or read from the given table) and reused for all q and k heads.
+// once (from inv_freq, or read from the given table) into factor rows C/S (core/rope.h) and reused
+// for all q and k heads, each head row rotated by the SIMD kernel of the CPU path (isa.h) and
+// finished by the portable loop.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <cstring>
 #include <vector>
 
+#include "cpu/isa.h"
 #include "cpu/kernels.h"
 #include "cpu/sincos_stream.h"
 
 namespace posenc::cpu {
 namespace {
 
-template <bool kInterleaved, bool kInverse, typename T, typename M>
-void rotate_heads(const RopeProblem& p, const RopeOperand& o, int64_t b, int64_t s, const M* c1, const M* s1,
-                  const M* c2, const M* s2) {
+template <typename T>
+constexpr int kRowDtype = std::is_same_v<T, float>            ? kRowFloat
+                          : std::is_same_v<T, c10::BFloat16> ? kRowBFloat16
+                          : std::is_same_v<T, c10::Half>     ? kRowHalf
+                                                              : -1;
+
+template <bool kInterleaved, typename T, typename M>
+void rotate_heads(const RopeProblem& p, const RopeOperand& o, int64_t b, int64_t s, const M* C, const M* S,
+                  RotateRowFn simd) {
   const T* src = static_cast<const T*>(o.src) + b * o.src_stride_b + s * o.src_stride_s;
   T* dst = static_cast<T*>(o.dst) + b * o.dst_stride_b + s * o.dst_stride_s;
-  const int64_t pass = p.head_dim - p.rot_dim;
+  const int64_t pairs = p.pairs();
+  int64_t done = 0;
+  if constexpr (std::is_same_v<M, float>) {
+    if (simd) done = simd(src, dst, o.heads, o.src_stride_h, o.dst_stride_h, pairs, C, S);
+  }
+  const int64_t pass = p.copy_passthrough ? p.head_dim - p.rot_dim : 0;
+  if (done == pairs && pass == 0) return;  // the usual case: the SIMD kernel did every row
   for (int64_t h = 0; h < o.heads; ++h) {
     const T* src_row = src + h * o.src_stride_h;
     T* dst_row = dst + h * o.dst_stride_h;
-    int64_t done = 0;
-    if constexpr (std::is_same_v<T, c10::BFloat16> && !kInterleaved) {
-      done = rotate_row_bf16_avx512(reinterpret_cast<const uint16_t*>(src_row), reinterpret_cast<uint16_t*>(dst_row),
-                                    p.pairs(), c1, s1, c2, s2, kInverse);
-    }
-    rotate_row<kInterleaved, kInverse>(src_row, dst_row, p.pairs(), c1, s1, c2, s2, done);
-    if (p.copy_passthrough && pass > 0) std::memcpy(dst_row + p.rot_dim, src_row + p.rot_dim, pass * sizeof(T));
+    rotate_row<kInterleaved>(src_row, dst_row, pairs, C, S, done);
+    if (pass > 0) std::memcpy(dst_row + p.rot_dim, src_row + p.rot_dim, pass * sizeof(T));
   }
 }
 
-// Tokens [begin, end): per token the cos/sin of every pair, then every q and k head rotated with them.
+// Tokens [begin, end): per token the factor rows of every pair, then every q and k head rotated with them.
 template <typename T, bool kInterleaved, bool kInverse>
-POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, int64_t begin, int64_t end) {
+POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, int64_t begin, int64_t end) {
   using M = math_t<T>;
   const int64_t pairs = p.pairs();
+  // Factor rows on 64-byte boundaries, so no vector load of them straddles two cache lines.
+  constexpr int64_t kAlign = 64 / sizeof(M);
+  const int64_t row_len = (p.rot_dim + kAlign - 1) / kAlign * kAlign;
+  std::vector<M> rows(2 * row_len + kAlign);
+  M* C = rows.data() + (kAlign - reinterpret_cast<uintptr_t>(rows.data()) / sizeof(M) % kAlign) % kAlign;
+  M* S = C + row_len;
+  const auto rotate_token = [&](int64_t b, int64_t s) {
+    rotate_heads<kInterleaved, T>(p, p.q, b, s, C, S, simd);
+    rotate_heads<kInterleaved, T>(p, p.k, b, s, C, S, simd);
+  };
   if (p.inv_freq) {  // angles from frequencies, once per token, advanced along consecutive positions
     SinCosStream<M> angles(p.inv_freq, pairs, static_cast<M>(p.attention_factor));
+    const auto position_of = [&](int64_t t) { return static_cast<double>(p.position(t / p.seq, t % p.seq)); };
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t b = t / p.seq, s = t % p.seq;
-      angles.at(static_cast<double>(p.position(b, s)));
+      angles.at(t, position_of);
       const M* c = angles.cos();
       const M* sn = angles.sin();
-      rotate_heads<kInterleaved, kInverse, T>(p, p.q, b, s, c, sn, c, sn);
-      rotate_heads<kInterleaved, kInverse, T>(p, p.k, b, s, c, sn, c, sn);
+      for (int64_t i = 0; i < pairs; ++i) set_factors<kInterleaved, kInverse>(C, S, pairs, i, c[i], sn[i], c[i], sn[i]);
+      rotate_token(t / p.seq, t % p.seq);
     }
     return;
   }
   // A given cos/sin table: c1/s1 at first(i), c2/s2 at second(i) (the two halves may differ).
-  std::vector<M> buf(4 * pairs);
-  M* c1 = buf.data();
-  M* s1 = c1 + pairs;
-  M* c2 = s1 + pairs;
-  M* s2 = c2 + pairs;
   for (int64_t t = begin; t < end; ++t) {
     const int64_t b = t / p.seq, s = t % p.seq;
     const int64_t row = p.cos_sin_row(b, s);
     for (int64_t i = 0; i < pairs; ++i) {
       const PairFactors<M> f = factors_from_table<M, T>(p, row, i);
-      c1[i] = f.c1;
-      s1[i] = f.s1;
-      c2[i] = f.c2;
-      s2[i] = f.s2;
+      set_factors<kInterleaved, kInverse>(C, S, pairs, i, f.c1, f.s1, f.c2, f.s2);
     }
-    rotate_heads<kInterleaved, kInverse, T>(p, p.q, b, s, c1, s1, c2, s2);
-    rotate_heads<kInterleaved, kInverse, T>(p, p.k, b, s, c1, s1, c2, s2);
+    rotate_token(b, s);
   }
 }
 
 template <typename T, bool kInterleaved, bool kInverse>
 void run_typed(const RopeProblem& p) {
+  RotateRowFn simd = nullptr;
+  if constexpr (kRowDtype<T> >= 0) {
+    if (const RowKernels* k = row_kernels(cpu_isa())) simd = k->rotate[kRowDtype<T>][kInterleaved ? 1 : 0];
+  }
   const int64_t per_token = std::max<int64_t>((p.q.heads + p.k.heads) * p.head_dim, 1);
   const int64_t grain = std::max<int64_t>(1, 32768 / per_token);
   at::parallel_for(0, p.batch * p.seq, grain,
-                   [&](int64_t begin, int64_t end) { rope_tokens<T, kInterleaved, kInverse>(p, begin, end); });
+                   [&](int64_t begin, int64_t end) { rope_tokens<T, kInterleaved, kInverse>(p, simd, begin, end); });
 }
 
 }  // namespace

@@ -41,6 +41,7 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
   const SinusoidalParams& prm = p.params;
   const int64_t half = prm.half, dim = prm.dim;
   SinCosStream<M> angles(freq, half, M(1));
+  const auto position_of = [&](int64_t u) { return p.position(u / p.seq, u % p.seq); };
   std::vector<M> pe_rows(p.x ? kBlock * dim : 0);
   const auto encode_from = [&](auto* out, const auto* sin_v, const auto* cos_v) {
     const auto* first = prm.cos_first ? cos_v : sin_v;
@@ -70,8 +71,8 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
   for (int64_t block = begin; block < end; block += kBlock) {
     const int64_t n = std::min<int64_t>(kBlock, end - block);
     for (int64_t j = 0; j < n; ++j) {
-      const int64_t pb = (block + j) / p.seq, s = (block + j) % p.seq;
-      angles.at(p.position(pb, s), /*math_rows=*/false);
+      const int64_t s = (block + j) % p.seq;
+      angles.at(block + j, position_of, /*math_rows=*/false);
       if (p.x) {
         encode(pe_rows.data() + j * dim);
       } else {

@@ -1,0 +1,65 @@
+// Which CPU path runs: detection, the POSENC_CPU_ISA cap, and the row-kernel tables (isa.h).
+#include "cpu/isa.h"
+
+#include <c10/util/Exception.h>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace posenc::cpu {
+namespace {
+
+constexpr const char* kNames[] = {"portable", "avx2", "avx512", "avx512bf16"};
+
+// The best path this CPU and this build support.
+Isa detected() {
+  Isa best = Isa::Portable;
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && row_kernels_avx2();
+  // F16C has no __builtin_cpu_supports name in GCC 12; every AVX2 CPU shipped so far has it, and
+  // AVX-512F implies it. A hypothetical AVX2 CPU without it: set POSENC_CPU_ISA=portable.
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                      row_kernels_avx512();
+  const bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16") && row_kernels_avx512bf16();
+  best = bf16 ? Isa::Avx512Bf16 : avx512 ? Isa::Avx512 : avx2 ? Isa::Avx2 : Isa::Portable;
+#endif
+  return best;
+}
+
+// The cap from the environment (Avx512Bf16, the highest, when unset).
+Isa cap() {
+  const char* portable = std::getenv("POSENC_CPU_PORTABLE");
+  if (portable && std::strcmp(portable, "1") == 0) return Isa::Portable;
+  const char* want = std::getenv("POSENC_CPU_ISA");
+  if (!want || !*want) return Isa::Avx512Bf16;
+  for (int i = 0; i < 4; ++i) {
+    if (std::strcmp(want, kNames[i]) == 0) return static_cast<Isa>(i);
+  }
+  TORCH_CHECK(false, "posenc: environment variable POSENC_CPU_ISA=", want,
+              " is not a CPU path: expected portable, avx2, avx512 or avx512bf16");
+}
+
+}  // namespace
+
+Isa cpu_isa() {
+  static const Isa chosen = [] {
+    const Isa c = cap(), d = detected();
+    return static_cast<int>(c) < static_cast<int>(d) ? c : d;
+  }();
+  return chosen;
+}
+
+const char* isa_name(Isa isa) { return kNames[static_cast<int>(isa)]; }
+
+const RowKernels* row_kernels(Isa isa) {
+  switch (isa) {
+    case Isa::Avx2: return row_kernels_avx2();
+    case Isa::Avx512: return row_kernels_avx512();
+    case Isa::Avx512Bf16: return row_kernels_avx512bf16();
+    default: return nullptr;
+  }
+}
+
+}  // namespace posenc::cpu

@@ -1,0 +1,47 @@
+// The CPU instruction-set paths of the RoPE row kernels, and which one runs.
+//
+// Portable: the compiler-vectorized loop of core/rope.h (rotate_row). Avx2 (AVX2 + FMA + F16C),
+// Avx512 (F/BW/VL/DQ) and Avx512Bf16 (plus AVX512-BF16): one SIMD body (simd_rows.h) compiled once
+// per path in its own file (rows_*.cpp, built with that path's flags), picked at run time. Every
+// path gives the same bits as the portable one (no FMA contraction anywhere: CMakeLists.txt builds
+// with -ffp-contract=off); the exceptions, for NaN payloads and for bf16 results below 2^-126 on the
+// Avx512Bf16 path, are listed in tests/test_cpu_paths.py.
+//
+// The environment variable POSENC_CPU_ISA=portable|avx2|avx512|avx512bf16 caps the path (read
+// once per process), so every path can be run and compared on a CPU that has it;
+// POSENC_CPU_PORTABLE=1 is the older spelling of POSENC_CPU_ISA=portable.
+//
+// This header includes nothing from torch: the rows_*.cpp files include it with other -m flags.
+#pragma once
+#include <cstdint>
+
+namespace posenc::cpu {
+
+enum class Isa : int { Portable = 0, Avx2 = 1, Avx512 = 2, Avx512Bf16 = 3 };
+
+// A SIMD row kernel: rotates the leading pairs of `rows` head rows (row r at src + r * src_stride,
+// written to dst + r * dst_stride, strides in elements; src may equal dst) with factor rows C and S
+// (core/rope.h, set_factors) and returns how many pairs of each row it did; the caller finishes the
+// rows with rotate_row. All heads of a token in one call: no call per row.
+using RotateRowFn = int64_t (*)(const void* src, void* dst, int64_t rows, int64_t src_stride, int64_t dst_stride,
+                                int64_t pairs, const float* C, const float* S);
+
+enum RowDtype : int { kRowFloat = 0, kRowBFloat16 = 1, kRowHalf = 2 };
+
+struct RowKernels {
+  RotateRowFn rotate[3][2];  // [RowDtype][interleaved]
+};
+
+// The row kernels of each SIMD path, or nullptr where this build has none (rows_*.cpp).
+const RowKernels* row_kernels_avx2();
+const RowKernels* row_kernels_avx512();
+const RowKernels* row_kernels_avx512bf16();
+
+// The path the kernels take: the best this CPU and build have, capped by POSENC_CPU_ISA (isa.cpp).
+// Throws on a POSENC_CPU_ISA value that is not one of the names above.
+Isa cpu_isa();
+const char* isa_name(Isa isa);
+// The kernels of `isa` (nullptr for Portable).
+const RowKernels* row_kernels(Isa isa);
+
+}  // namespace posenc::cpu

@@ -1,0 +1,14 @@
+// The avx2 RoPE row kernels (simd_rows.h), compiled with this path's -m flags (CMakeLists.txt).
+#include "cpu/simd_rows.h"
+
+namespace posenc::cpu {
+
+const RowKernels* row_kernels_avx2() {
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+  return &kRowKernels<Avx2>;
+#else
+  return nullptr;  // a build without this instruction set
+#endif
+}
+
+}  // namespace posenc::cpu

@@ -1,0 +1,14 @@
+// The avx512 RoPE row kernels (simd_rows.h), compiled with this path's -m flags (CMakeLists.txt).
+#include "cpu/simd_rows.h"
+
+namespace posenc::cpu {
+
+const RowKernels* row_kernels_avx512() {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+  return &kRowKernels<Avx512>;
+#else
+  return nullptr;  // a build without this instruction set
+#endif
+}
+
+}  // namespace posenc::cpu

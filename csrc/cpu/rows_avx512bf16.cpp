@@ -1,0 +1,14 @@
+// The avx512bf16 RoPE row kernels (simd_rows.h), compiled with this path's -m flags (CMakeLists.txt).
+#include "cpu/simd_rows.h"
+
+namespace posenc::cpu {
+
+const RowKernels* row_kernels_avx512bf16() {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && defined(__AVX512BF16__)
+  return &kRowKernels<Avx512Bf16>;
+#else
+  return nullptr;  // a build without this instruction set
+#endif
+}
+
+}  // namespace posenc::cpu

@@ -1,0 +1,215 @@
+// The SIMD RoPE row kernel: one body (rotate_row_simd) over small policies, an instruction set
+// (float vector ops) and, per element type, a load/store pair that converts to and from float32.
+// Only the rows_*.cpp files include this header, each compiled with its own -m flags; everything
+// here is in an anonymous namespace, so each file keeps its own copy, compiled for its instruction
+// set (shared inline code could otherwise be merged by the linker into one copy that needs the
+// widest of them). For the same reason it includes no torch header.
+//
+// Results equal rotate_row's (core/rope.h) bit for bit: the same multiply, multiply, add per element
+// (no FMA: the library is built with -ffp-contract=off) and the same roundings on store: F16C and
+// the integer round-to-nearest-even below are those of c10::Half and from_math<c10::BFloat16>.
+#pragma once
+#include <cstdint>
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#endif
+
+#include "cpu/isa.h"
+
+namespace posenc::cpu {
+namespace {
+
+struct Float {
+  using T = float;
+  static constexpr int kIndex = kRowFloat;
+};
+struct BFloat16 {
+  using T = uint16_t;
+  static constexpr int kIndex = kRowBFloat16;
+};
+struct Half {
+  using T = uint16_t;
+  static constexpr int kIndex = kRowHalf;
+};
+
+// Load/store of W floats as element type D, for instruction set I (specialized below).
+template <class I, class D>
+struct Io;
+
+#if defined(__AVX2__) && defined(__F16C__)
+struct Avx2 {
+  using F = __m256;
+  static constexpr int kLanes = 8;
+  static F loadf(const float* p) { return _mm256_loadu_ps(p); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F swap_pairs(F x) { return _mm256_permute_ps(x, 0xB1); }  // (x0,x1,x2,x3) -> (x1,x0,x3,x2)
+};
+
+template <>
+struct Io<Avx2, Float> {
+  static __m256 load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+};
+
+template <>
+struct Io<Avx2, Half> {
+  static __m256 load(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static void store(uint16_t* p, __m256 v) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+};
+
+template <>
+struct Io<Avx2, BFloat16> {
+  static __m256 load(const uint16_t* p) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  }
+  // Round to nearest even on the integer bits, NaN -> 0x7fc0: from_math<c10::BFloat16>, 8 lanes of
+  // 32 bits (the bf16 in the low half).
+  static __m256i round(__m256 v) {
+    const __m256i bits = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+  }
+  static void store(uint16_t* p, __m256 v) {
+    const __m256i r = round(v);  // packus works per 128-bit lane: keep quadwords 0 and 2
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+  }
+  static void store2(uint16_t* p, __m256 lo, __m256 hi) {  // 16 values, one pack and one store
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(round(lo), round(hi)), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), packed);
+  }
+};
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+struct Avx512 {
+  using F = __m512;
+  static constexpr int kLanes = 16;
+  static F loadf(const float* p) { return _mm512_loadu_ps(p); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F swap_pairs(F x) { return _mm512_permute_ps(x, 0xB1); }
+};
+
+template <>
+struct Io<Avx512, Float> {
+  static __m512 load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+};
+
+template <>
+struct Io<Avx512, Half> {
+  static __m512 load(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static void store(uint16_t* p, __m512 v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+};
+
+template <>
+struct Io<Avx512, BFloat16> {
+  static __m512 load(const uint16_t* p) {
+    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+  }
+  static void store(uint16_t* p, __m512 v) {  // as Io<Avx2, BFloat16>::store, 16 lanes
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), lsb), 16);
+    r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, _mm512_set1_epi32(0x7fc0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+  }
+};
+
+#if defined(__AVX512BF16__)
+// AVX-512 with vcvtneps2bf16 for the bf16 store (one instruction instead of six). It flushes
+// float32 results below 2^-126 to zero and keeps NaN payloads, where from_math keeps bf16
+// denormals and writes 0x7fc0; elsewhere the same bits.
+struct Avx512Bf16 : Avx512 {};
+
+template <class D>
+struct Io<Avx512Bf16, D> : Io<Avx512, D> {};
+
+template <>
+struct Io<Avx512Bf16, BFloat16> : Io<Avx512, BFloat16> {
+  static void store(uint16_t* p, __m512 v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+  }
+  static void store2(uint16_t* p, __m512 lo, __m512 hi) {  // 32 values in one instruction
+    _mm512_storeu_si512(p, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+  }
+};
+#endif
+#endif
+
+// K vectors stored from v[0..K) at p: one store2 (a policy's packing of two vectors) when it has one.
+template <class I, class IO, int K, typename T, typename F>
+inline void store_n(T* p, const F (&v)[K]) {
+  if constexpr (K == 2 && requires { IO::store2(p, v[0], v[1]); }) {
+    IO::store2(p, v[0], v[1]);
+  } else {
+    for (int k = 0; k < K; ++k) IO::store(p + k * I::kLanes, v[k]);
+  }
+}
+
+// K vectors of one row from element j: out[j] = x[j] * C[j] + x[partner(j)] * S[j] (core/rope.h,
+// rotate_row). Interleaved, j runs over the row and the partner vector is x with each pair swapped;
+// half-split, j runs over the first half and the partner of a = row[j] is b = row[j + pairs].
+template <class I, class D, bool kInterleaved, int K>
+inline void rotate_block(const typename D::T* src, typename D::T* dst, int64_t j, int64_t pairs, const float* C,
+                         const float* S) {
+  using IO = Io<I, D>;
+  constexpr int W = I::kLanes;
+  typename I::F out_a[K], out_b[K];
+  for (int k = 0; k < K; ++k) {
+    const int64_t e = j + k * W;
+    if constexpr (kInterleaved) {
+      const auto x = IO::load(src + e);
+      out_a[k] = I::add(I::mul(x, I::loadf(C + e)), I::mul(I::swap_pairs(x), I::loadf(S + e)));
+    } else {
+      const auto a = IO::load(src + e);
+      const auto b = IO::load(src + pairs + e);
+      out_a[k] = I::add(I::mul(a, I::loadf(C + e)), I::mul(b, I::loadf(S + e)));
+      out_b[k] = I::add(I::mul(b, I::loadf(C + pairs + e)), I::mul(a, I::loadf(S + pairs + e)));
+    }
+  }
+  store_n<I, IO>(dst + j, out_a);
+  if constexpr (!kInterleaved) store_n<I, IO>(dst + pairs + j, out_b);
+}
+
+// The row kernel (isa.h, RotateRowFn): two vectors per step (fewer loop instructions, and bf16 packs
+// two vectors per store), then single vectors; returns the pairs done per row.
+template <class I, class D, bool kInterleaved>
+int64_t rotate_row_simd(const void* src_v, void* dst_v, int64_t rows, int64_t src_stride, int64_t dst_stride,
+                        int64_t pairs, const float* C, const float* S) {
+  using T = typename D::T;
+  constexpr int W = I::kLanes;
+  const int64_t n = kInterleaved ? 2 * pairs : pairs;  // elements of the row (interleaved) or of a half
+  const int64_t twos = n / (2 * W) * (2 * W);
+  const int64_t full = n / W * W;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* src = static_cast<const T*>(src_v) + r * src_stride;
+    T* dst = static_cast<T*>(dst_v) + r * dst_stride;
+    for (int64_t j = 0; j < twos; j += 2 * W) rotate_block<I, D, kInterleaved, 2>(src, dst, j, pairs, C, S);
+    for (int64_t j = twos; j < full; j += W) rotate_block<I, D, kInterleaved, 1>(src, dst, j, pairs, C, S);
+  }
+  return kInterleaved ? full / 2 : full;
+}
+
+template <class I, class D>
+constexpr RotateRowFn kRotate[2] = {rotate_row_simd<I, D, false>, rotate_row_simd<I, D, true>};
+
+// The table of one instruction set, indexed as RowKernels::rotate.
+template <class I>
+constexpr RowKernels kRowKernels = {{{kRotate<I, Float>[0], kRotate<I, Float>[1]},
+                                     {kRotate<I, BFloat16>[0], kRotate<I, BFloat16>[1]},
+                                     {kRotate<I, Half>[0], kRotate<I, Half>[1]}}};
+
+}  // namespace
+}  // namespace posenc::cpu

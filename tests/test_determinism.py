@@ -1,0 +1,124 @@
+"""Same inputs, same bits, whatever the thread count (CPU).
+
+The CPU kernels advance sin/cos from one position to the next and evaluate them directly at fixed
+rows (csrc/cpu/sincos_stream.h); these tests run every op with 1, 2 and 3 intra-op threads on sizes
+large enough to be split into several parallel chunks at odd places and require identical bits:
+both angle sources, both pairings, forward and inverse, out of place and in place, every dtype."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import posenc_native as pn
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+THREADS = (1, 2, 3)
+
+
+def with_threads(n: int, fn):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(before)
+
+
+def runs_of_positions(g: torch.Generator, batch: int, seq: int) -> torch.Tensor:
+    """Mostly consecutive positions (where the kernels advance angles), some repeated (where they reuse
+    them) and random jumps (where they restart), a different start per batch row."""
+    u = torch.rand(batch, seq, generator=g)
+    steps = torch.where(u < 0.03, torch.randint(2, 5000, (batch, seq), generator=g),
+                        (u >= 0.13).long())  # 10% repeats: step 0
+    start = torch.randint(0, 1 << 20, (batch, 1), generator=g)
+    return start + steps.cumsum(1)
+
+
+def assert_same_bits(results: dict[int, list[torch.Tensor]]) -> None:
+    first = results[THREADS[0]]
+    assert len(first) > 0
+    for n in THREADS[1:]:
+        assert len(results[n]) == len(first)
+        for i, (a, b) in enumerate(zip(first, results[n])):
+            assert a.abs().sum() > 0, f"output {i} is all zeros"
+            assert torch.equal(a, b), (f"output {i}: {THREADS[0]} vs {n} threads differ by up to "
+                                       f"{(a.double() - b.double()).abs().max().item():.3g}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("interleaved", (False, True))
+def test_rope_from_frequencies_thread_count_independent(dtype, interleaved):
+    g = torch.Generator().manual_seed(11)
+    B, S, Hq, Hk, D, R = 3, 211, 3, 2, 72, 72   # 633 tokens: several chunks at odd rows
+    q = torch.randn(B, S, Hq, D, generator=g).to(dtype)
+    k = torch.randn(B, S, Hk, D, generator=g).to(dtype)
+    qp = torch.randn(B, S, Hq, 80, generator=g).to(dtype)  # partial rotary: 64 of 80 dims
+    inv = 1.0 / 10000 ** (torch.arange(0, R, 2, dtype=torch.float64) / R)
+    inv_partial = inv[:32]
+    pos = runs_of_positions(g, B, S)
+    cu = torch.tensor([0, 150, 151, 400, B * S])  # packed: positions restart per sequence
+    qt, kt = q.reshape(B * S, Hq, D), k.reshape(B * S, Hk, D)
+    q_step = torch.randn(400, 1, Hq, D, generator=g).to(dtype)
+    k_step = torch.randn(400, 1, Hk, D, generator=g).to(dtype)
+
+    def run() -> list[torch.Tensor]:
+        out = []
+        for inverse in (False, True):
+            out += torch.ops.posenc.rope(q, k, None, None, inv, 1.07, interleaved, "bshd", 5, inverse)
+            out += torch.ops.posenc.rope(q, k, pos, None, inv, 1.0, interleaved, "bshd", 0, inverse)
+            out += torch.ops.posenc.rope(qt, kt, None, cu, inv, 1.0, interleaved, "thd", 3, inverse)
+            q2, k2 = q.clone(), k.clone()
+            torch.ops.posenc.rope_(q2, k2, pos, None, inv, 1.0, interleaved, "bshd", 0, inverse)
+            out += [q2, k2]
+        out += pn.apply_rope(q, k, pos, inv_freq=inv, interleaved=interleaved)
+        out.append(pn.apply_rope(qp, None, pos, inv_freq=inv_partial, interleaved=interleaved)[0])
+        # decode: one token per sequence, every sequence at the same position (the angles repeat)
+        out += pn.apply_rope(q_step, k_step, torch.full((400, 1), 12345), inv_freq=inv, interleaved=interleaved)
+        return out
+
+    assert_same_bits({n: with_threads(n, run) for n in THREADS})
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("interleaved", (False, True))
+def test_rope_from_cos_sin_thread_count_independent(dtype, interleaved):
+    g = torch.Generator().manual_seed(12)
+    B, S, Hq, Hk, D = 2, 301, 3, 1, 40
+    q = torch.randn(B, S, Hq, D, generator=g).to(dtype)
+    k = torch.randn(B, S, Hk, D, generator=g).to(dtype)
+    angles = runs_of_positions(g, B, S).double()[..., None] * (1.0 / 10000 ** (torch.arange(0, D, 2) / D))
+    emb = torch.repeat_interleave(angles, 2, -1) if interleaved else torch.cat((angles, angles), -1)
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def run() -> list[torch.Tensor]:
+        out = []
+        for inverse in (False, True):
+            out += torch.ops.posenc.rope_cos_sin(q, k, cos, sin, None, "bshd", inverse)
+            q2, k2 = q.clone(), k.clone()
+            torch.ops.posenc.rope_cos_sin_(q2, k2, cos, sin, None, "bshd", inverse)
+            out += [q2, k2]
+        return out
+
+    assert_same_bits({n: with_threads(n, run) for n in THREADS})
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("interleaved", (False, True))
+def test_sinusoidal_thread_count_independent(dtype, interleaved):
+    g = torch.Generator().manual_seed(13)
+    B, S, D = 3, 401, 65   # odd dim; 1203 rows
+    x = torch.randn(B, S, D, generator=g).to(dtype)
+    pos = runs_of_positions(g, B, S)
+    float_pos = pos[0].double() + 0.25
+
+    def run() -> list[torch.Tensor]:
+        return [
+            pn.sinusoidal_table(2 * S + 7, D, interleaved=interleaved, dtype=dtype),
+            pn.sinusoidal_table(float_pos, D, interleaved=interleaved, cos_first=True, dtype=dtype),
+            pn.add_sinusoidal(x, interleaved=interleaved),
+            pn.add_sinusoidal(x, pos[0], offset=9, interleaved=interleaved),
+            pn.add_sinusoidal(x, pos, x_scale=2.0, interleaved=interleaved),
+            pn.add_sinusoidal(x.transpose(0, 1).contiguous().transpose(0, 1), pos, interleaved=interleaved),
+        ]
+
+    assert_same_bits({n: with_threads(n, run) for n in THREADS})

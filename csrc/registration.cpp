@@ -31,4 +31,18 @@ TORCH_LIBRARY(posenc, m) {
         "bool inverse) -> (Tensor, Tensor)", tags);
   m.def("rope_cos_sin_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, Tensor? positions, str layout, "
         "bool inverse) -> ()", tags);
+
+  // Relative position biases. T5: transformers' _relative_position_bucket of int relative positions
+  // (memory - context), and the bias weight[bucket(j - i - query_offset), h] from weight [num_buckets, heads].
+  // ALiBi: slopes[h] * (j - i - query_offset). Biases are [1, heads, query_length, key_length]; the
+  // backward ops take its gradient (any strides) to the weight's / slopes' gradient.
+  m.def("t5_relative_position_bucket(Tensor relative_position, bool bidirectional, int num_buckets, "
+        "int max_distance) -> Tensor", tags);
+  m.def("relative_position_bias(Tensor weight, SymInt query_length, SymInt key_length, bool bidirectional, "
+        "int num_buckets, int max_distance, SymInt query_offset) -> Tensor", tags);
+  m.def("relative_position_bias_backward(Tensor grad, bool bidirectional, int num_buckets, int max_distance, "
+        "SymInt query_offset) -> Tensor", tags);
+  m.def("alibi_bias(Tensor slopes, SymInt query_length, SymInt key_length, SymInt query_offset, "
+        "ScalarType? dtype) -> Tensor", tags);
+  m.def("alibi_bias_backward(Tensor grad, SymInt query_offset) -> Tensor", tags);
 }

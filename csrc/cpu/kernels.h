@@ -14,6 +14,10 @@
 namespace posenc::cpu {
 void run_sinusoidal(const SinusoidalProblem& p, at::ScalarType dtype);
 void run_rope(const RopeProblem& p, at::ScalarType dtype);
+// Relative position biases (relative_bias_cpu.cpp).
+void run_bucket(const BucketProblem& p);
+void run_relative_bias(const RelativeBiasProblem& p, at::ScalarType dtype);
+void run_relative_bias_grad(const RelativeBiasGradProblem& p, at::ScalarType dtype);
 
 // Rotates the leading pairs of a bf16 half-split row with AVX512-BF16 (rotate_bf16_avx512.cpp) and
 // returns how many it did (a multiple of 16; 0 without that instruction set or with

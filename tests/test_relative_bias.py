@@ -528,3 +528,58 @@ def test_cuda_work_items_on_host(tmp_path):
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300, env=dict(os.environ))
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert " 0 failed" in run.stdout and "passed" in run.stdout
+
+
+# ------------------------------------------------------------------------------------------------
+# The `posenc` command (plots, the main job's rows) and the benchmark's smoke run
+
+
+def _posenc(*args: str) -> subprocess.CompletedProcess:
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "posenc_native", *args], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ))
+
+
+@pytest.mark.parametrize("what,extra", [("t5-buckets", ["--num-buckets", "64", "--max-distance", "256", "--heads", "6"]),
+                                        ("alibi", ["--heads", "12"])])
+def test_plot_commands(tmp_path, what, extra):
+    pytest.importorskip("matplotlib")
+    import matplotlib.image
+
+    out = tmp_path / f"{what}.png"
+    proc = _posenc("plot", what, "--out", str(out), *extra)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert str(out) in proc.stdout
+    img = matplotlib.image.imread(str(out))
+    assert img.shape[0] >= 300 and img.shape[1] >= 800 and img.std() > 0.05
+    assert len({tuple(px) for px in img.reshape(-1, img.shape[-1])[::31].tolist()}) > 20  # lines in several colours
+
+
+def test_plot_t5_buckets_bad_argument_is_a_clear_error(tmp_path):
+    proc = _posenc("plot", "t5-buckets", "--out", str(tmp_path / "x.png"), "--num-buckets", "33")
+    assert proc.returncode == 2 and "num_buckets must be even" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_main_job_has_passing_rows_for_the_bias_ops():
+    proc = _posenc()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    for op in ("relative_position_bias ", "relative_position_bias bwd", "alibi_bias ", "alibi_bias bwd"):
+        for dtype in ("float32", "float16", "bfloat16"):
+            assert any(line.startswith(op) and " cpu " in line and f" {dtype} " in line and line.endswith("pass")
+                       for line in lines), f"no passing cpu/{dtype} row for {op!r}:\n{proc.stdout}"
+
+
+def test_bench_bias_quick_runs():
+    import sys
+
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_bias.py"), "--quick"], capture_output=True,
+                          text=True, timeout=600, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "command:  python benchmarks/bench_bias.py --quick" in out or "bench_bias.py --quick" in out
+    for name in ("relative_position_bias H=4 L=256 float32", "alibi_bias H=4 L=256 bfloat16",
+                 "transformers compute_bias + .contiguous()", "BLOOM build_alibi_tensor", "torch.empty + fill_"):
+        assert name in out, out
+    assert "goals met" in out

@@ -59,15 +59,15 @@ std::tuple<at::Tensor, at::Tensor> apply_rope(const at::Tensor& q, const at::Ten
   return op.call(q, k, positions, std::nullopt, inv_freq, attention_factor, interleaved, layout, c10::SymInt(0), false);
 }
 
-at::Tensor relative_position_bias(const at::Tensor& weight, int64_t query_length, int64_t key_length, bool bidirectional,
-                                  int64_t max_distance, int64_t query_offset) {
+at::Tensor relative_position_bias(const at::Tensor& weight, int64_t query_length, int64_t key_length,
+                                  bool bidirectional, int64_t max_distance, int64_t query_offset) {
   static const auto op = find_op("posenc::relative_position_bias")
                              .typed<at::Tensor(const at::Tensor&, c10::SymInt, c10::SymInt, bool, int64_t, int64_t,
                                                c10::SymInt)>();
   TORCH_CHECK(weight.dim() == 2, "posenc::relative_position_bias: weight must be [num_buckets, heads], got shape ",
               weight.sizes());
-  return op.call(weight, c10::SymInt(query_length), c10::SymInt(key_length), bidirectional, weight.size(0), max_distance,
-                 c10::SymInt(query_offset));
+  return op.call(weight, c10::SymInt(query_length), c10::SymInt(key_length), bidirectional, weight.size(0),
+                 max_distance, c10::SymInt(query_offset));
 }
 
 at::Tensor t5_relative_position_bucket(const at::Tensor& relative_position, bool bidirectional, int64_t num_buckets,

@@ -205,8 +205,13 @@ def test_bias_backward_of_a_strided_gradient():
 def test_gradcheck_and_gradgradcheck():
     w = torch.randn(16, 3, dtype=torch.float64, requires_grad=True)
     s = torch.rand(3, dtype=torch.float64, requires_grad=True)
-    f_t5 = lambda w: pn.relative_position_bias(w, 7, 40, bidirectional=False, max_distance=20, query_offset=5)  # noqa: E731
-    f_alibi = lambda s: pn.alibi_bias(s, 6, 9, query_offset=3)  # noqa: E731
+
+    def f_t5(w):
+        return pn.relative_position_bias(w, 7, 40, bidirectional=False, max_distance=20, query_offset=5)
+
+    def f_alibi(s):
+        return pn.alibi_bias(s, 6, 9, query_offset=3)
+
     assert torch.autograd.gradcheck(f_t5, (w,))
     assert torch.autograd.gradgradcheck(f_t5, (w,))
     assert torch.autograd.gradcheck(f_alibi, (s,))
@@ -541,8 +546,10 @@ def _posenc(*args: str) -> subprocess.CompletedProcess:
                           env=dict(os.environ))
 
 
-@pytest.mark.parametrize("what,extra", [("t5-buckets", ["--num-buckets", "64", "--max-distance", "256", "--heads", "6"]),
-                                        ("alibi", ["--heads", "12"])])
+@pytest.mark.parametrize("what,extra", [
+    ("t5-buckets", ["--num-buckets", "64", "--max-distance", "256", "--heads", "6"]),
+    ("alibi", ["--heads", "12"]),
+])
 def test_plot_commands(tmp_path, what, extra):
     pytest.importorskip("matplotlib")
     import matplotlib.image

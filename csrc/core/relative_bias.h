@@ -22,8 +22,9 @@ namespace posenc {
 // part in float32; here it is float64, so the result is the exact one: the two agree except where
 // the exact value is an integer k, (n / max_exact)^(buckets - max_exact) = (max_distance / max_exact)^k
 // (e.g. n = 18 for num_buckets 34, max_distance 27, bidirectional), where transformers' float32 log rounds either
-// way depending on the machine's log implementation. Within 1e-9 of an integer counts as that
-// integer (float64 carries ~1e-15 relative error; no non-edge distance comes that close).
+// way depending on the machine's log implementation (tests/test_relative_bias.py checks both facts
+// on every distance of many configurations). Within 1e-9 of an integer counts as that integer:
+// float64 carries ~1e-15 relative error, and float32 (transformers) cannot tell closer values apart.
 struct T5Bucketing {
   int64_t buckets = 16;     // per direction: num_buckets / 2 when bidirectional, else num_buckets
   int64_t max_exact = 8;    // buckets / 2: distances below it have a bucket of their own
@@ -130,7 +131,9 @@ POSENC_HD void diagonal_sum_item(const RelativeBiasGradProblem& p, int64_t w) {
   const int64_t i1 = p.key_length - shift < p.query_length ? p.key_length - shift : p.query_length;
   const T* g = static_cast<const T*>(p.grad) + h * p.grad_stride_h;
   double acc = 0;
-  for (int64_t i = i0; i < i1; ++i) acc += static_cast<double>(to_math<math_t<T>>(g[i * p.grad_stride_i + (i + shift) * p.grad_stride_j]));
+  for (int64_t i = i0; i < i1; ++i) {
+    acc += static_cast<double>(to_math<math_t<T>>(g[i * p.grad_stride_i + (i + shift) * p.grad_stride_j]));
+  }
   p.diagonal[w] = acc;
 }
 

@@ -79,7 +79,8 @@ void run_bias_typed(const RelativeBiasProblem& p) {
   at::parallel_for(0, p.heads * lq, grain, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const int64_t h = row / lq, i = row % lq;
-      copy_row(reinterpret_cast<char*>(out + row * lk), reinterpret_cast<const char*>(table.data() + h * nd + (lq - 1 - i)),
+      const T* window = table.data() + h * nd + (lq - 1 - i);
+      copy_row(reinterpret_cast<char*>(out + row * lk), reinterpret_cast<const char*>(window),
                static_cast<size_t>(lk) * sizeof(T), stream);
     }
 #if defined(__SSE2__)

@@ -16,8 +16,8 @@ void check_lengths(const char* op, int64_t query_length, int64_t key_length, int
   TORCH_CHECK(query_length >= 0, op, ": query_length must be >= 0, got ", query_length);
   TORCH_CHECK(key_length >= 0, op, ": key_length must be >= 0, got ", key_length);
   TORCH_CHECK(query_length < kMaxOffset && key_length < kMaxOffset, op, ": query_length and key_length must be < 2^60");
-  TORCH_CHECK(query_offset > -kMaxOffset && query_offset < kMaxOffset, op, ": query_offset must be in (-2^60, 2^60), got ",
-              query_offset);
+  TORCH_CHECK(query_offset > -kMaxOffset && query_offset < kMaxOffset, op,
+              ": query_offset must be in (-2^60, 2^60), got ", query_offset);
 }
 
 // T5's bucketing parameters. Each direction needs >= 1 exact bucket (num_buckets >= 2, >= 4 when
@@ -33,8 +33,8 @@ T5Bucketing t5_bucketing(const char* op, bool bidirectional, int64_t num_buckets
   t.bidirectional = bidirectional;
   t.buckets = bidirectional ? num_buckets / 2 : num_buckets;
   t.max_exact = t.buckets / 2;
-  TORCH_CHECK(max_distance > t.max_exact, op, ": max_distance must be > ", t.max_exact, " (the exact distances: num_buckets / ",
-              bidirectional ? 4 : 2, "), got ", max_distance);
+  TORCH_CHECK(max_distance > t.max_exact, op, ": max_distance must be > ", t.max_exact,
+              " (the exact distances: num_buckets / ", bidirectional ? 4 : 2, "), got ", max_distance);
   t.max_distance = max_distance;
   t.log_ratio = std::log(static_cast<double>(max_distance) / static_cast<double>(t.max_exact));
   return t;
@@ -42,8 +42,8 @@ T5Bucketing t5_bucketing(const char* op, bool bidirectional, int64_t num_buckets
 
 // grad [1, heads, Lq, Lk] of a bias: fills the shared part of the backward problem.
 RelativeBiasGradProblem grad_problem(const char* op, const at::Tensor& grad, int64_t query_offset) {
-  TORCH_CHECK(grad.dim() == 4 && grad.size(0) == 1, op, ": grad must be [1, heads, query_length, key_length], got shape ",
-              grad.sizes());
+  TORCH_CHECK(grad.dim() == 4 && grad.size(0) == 1, op,
+              ": grad must be [1, heads, query_length, key_length], got shape ", grad.sizes());
   TORCH_CHECK(is_float_dtype(grad.scalar_type()), op, ": grad must be float32, float16, bfloat16 or float64, got ",
               grad.scalar_type());
   check_lengths(op, grad.size(2), grad.size(3), query_offset);

@@ -32,7 +32,8 @@ def _offset(query_offset: Offset) -> int:
     on the host."""
     if isinstance(query_offset, torch.Tensor):
         if query_offset.numel() != 1:
-            raise ValueError(f"query_offset must be an int or a one-element tensor, got shape {tuple(query_offset.shape)}")
+            raise ValueError("query_offset must be an int or a one-element tensor, got shape "
+                             f"{tuple(query_offset.shape)}")
         return int(query_offset.item())
     return query_offset
 
@@ -140,7 +141,8 @@ def _relative_position_bias_fake(weight, query_length, key_length, bidirectional
 
 @torch.library.register_fake("posenc::relative_position_bias_backward")
 def _relative_position_bias_backward_fake(grad, bidirectional, num_buckets, max_distance, query_offset):
-    torch._check(grad.dim() == 4, lambda: f"posenc.relative_position_bias_backward: grad must be 4-D, got {grad.dim()}-D")
+    torch._check(grad.dim() == 4,
+                 lambda: f"posenc.relative_position_bias_backward: grad must be 4-D, got {grad.dim()}-D")
     return grad.new_empty((num_buckets, grad.shape[1]))
 
 

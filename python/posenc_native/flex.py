@@ -32,7 +32,8 @@ def t5_score_mod(weight: torch.Tensor, query_length: int, key_length: int, *, bi
     """
     offset = _offset(query_offset)
     diagonals = max(query_length + key_length - 1, 1)
-    # Row 0 of a 1 x (Lq + Lk - 1) bias whose query sits at Lq - 1 + offset: entry t is relative position t - (Lq - 1) - offset.
+    # Row 0 of a 1 x (Lq + Lk - 1) bias whose query sits at Lq - 1 + offset: entry t is the relative
+    # position t - (Lq - 1) - offset, i.e. kv_idx - q_idx - offset for t = kv_idx - q_idx + Lq - 1.
     table = relative_position_bias(weight, 1, diagonals, bidirectional=bidirectional, num_buckets=num_buckets,
                                    max_distance=max_distance, query_offset=query_length - 1 + offset)[0, :, 0]
     shift = query_length - 1

@@ -63,8 +63,9 @@ def _check_module(name: str, module: nn.Module) -> None:
     original = getattr(type(module), _METHOD)
     weight = module.relative_attention_bias.weight
     d = module.relative_attention_max_distance
+    n = min(2 * d + 5, 8192)  # every distance below max_distance (where buckets differ), both signs
     with torch.no_grad():
-        for query_length, key_length, offset in ((7, 2 * d + 5, 0), (1, 2 * d + 5, 2 * d + 4), (5, 9, 3)):
+        for query_length, key_length, offset in ((7, n, 0), (1, n, n - 1), (5, 9, 3)):
             theirs = original(module, query_length, key_length, device=weight.device, past_seen_tokens=offset)
             ours = _kernel_compute_bias(module, query_length, key_length, device=weight.device,
                                         past_seen_tokens=offset)

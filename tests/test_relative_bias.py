@@ -200,6 +200,12 @@ def test_bias_backward_of_a_strided_gradient():
     got = torch.autograd.grad(pn.relative_position_bias(w, 30, 20, query_offset=2), w, g)[0]
     want = torch.autograd.grad(reference.relative_position_bias(w, 30, 20, query_offset=2), w, g)[0]
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    # .sum().backward() hands over an expanded gradient: every stride 0
+    pn.relative_position_bias(w, 30, 20, query_offset=2).sum().backward()
+    got, w.grad = w.grad, None
+    reference.relative_position_bias(w, 30, 20, query_offset=2).sum().backward()
+    torch.testing.assert_close(got, w.grad, rtol=1e-12, atol=1e-12)
+    assert got.abs().sum() > 0
 
 
 def test_gradcheck_and_gradgradcheck():

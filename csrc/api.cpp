@@ -2,6 +2,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <sstream>
 
+#include "core/relative_bias.h"
 #include "cpu/isa.h"
 #include "posenc/posenc.h"
 
@@ -70,6 +71,40 @@ std::tuple<at::Tensor, at::Tensor> apply_rope(const at::Tensor& q, const at::Ten
                                                     const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
                                                     const at::Tensor&, double, bool, c10::string_view, c10::SymInt, bool)>();
   return op.call(q, k, positions, std::nullopt, inv_freq, attention_factor, interleaved, layout, c10::SymInt(0), false);
+}
+
+at::Tensor relative_position_bias(const at::Tensor& weight, int64_t query_length, int64_t key_length,
+                                  bool bidirectional, int64_t max_distance, int64_t query_offset) {
+  static const auto op = find_op("posenc::relative_position_bias")
+                             .typed<at::Tensor(const at::Tensor&, c10::SymInt, c10::SymInt, bool, int64_t, int64_t,
+                                               c10::SymInt)>();
+  TORCH_CHECK(weight.dim() == 2, "posenc::relative_position_bias: weight must be [num_buckets, heads], got shape ",
+              weight.sizes());
+  return op.call(weight, c10::SymInt(query_length), c10::SymInt(key_length), bidirectional, weight.size(0),
+                 max_distance, c10::SymInt(query_offset));
+}
+
+at::Tensor t5_relative_position_bucket(const at::Tensor& relative_position, bool bidirectional, int64_t num_buckets,
+                                       int64_t max_distance) {
+  static const auto op = find_op("posenc::t5_relative_position_bucket")
+                             .typed<at::Tensor(const at::Tensor&, bool, int64_t, int64_t)>();
+  return op.call(relative_position, bidirectional, num_buckets, max_distance);
+}
+
+at::Tensor alibi_slopes(int64_t num_heads) {
+  TORCH_CHECK(num_heads >= 1, "posenc::alibi_slopes: num_heads must be >= 1, got ", num_heads);
+  at::Tensor slopes = at::empty({num_heads}, at::kFloat);
+  float* s = slopes.data_ptr<float>();
+  for (int64_t h = 0; h < num_heads; ++h) s[h] = static_cast<float>(alibi_slope(h, num_heads));
+  return slopes;
+}
+
+at::Tensor alibi_bias(const at::Tensor& slopes, int64_t query_length, int64_t key_length, int64_t query_offset,
+                      std::optional<at::ScalarType> dtype) {
+  static const auto op =
+      find_op("posenc::alibi_bias")
+          .typed<at::Tensor(const at::Tensor&, c10::SymInt, c10::SymInt, c10::SymInt, std::optional<at::ScalarType>)>();
+  return op.call(slopes, c10::SymInt(query_length), c10::SymInt(key_length), c10::SymInt(query_offset), dtype);
 }
 
 }  // namespace posenc

@@ -32,3 +32,23 @@ TORCH_LIBRARY(posenc, m) {
   m.def("rope_cos_sin_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, Tensor? positions, str layout, "
         "bool inverse) -> ()", tags);
 }
+
+// Relative position biases: their fake kernels and autograd live in posenc_native/bias.py (torch
+// requires the Python module of a C++-defined op's fake kernel to be declared with its schema).
+// T5: transformers' _relative_position_bucket of int relative positions (memory - context), and the
+// bias weight[bucket(j - i - query_offset), h] from weight [num_buckets, heads]. ALiBi: slopes[h] *
+// (j - i - query_offset). Biases are [1, heads, query_length, key_length]; the backward ops take its
+// gradient (any strides) to the weight's / slopes' gradient.
+TORCH_LIBRARY_FRAGMENT(posenc, m) {
+  m.set_python_module("posenc_native.bias");
+  const std::vector<at::Tag> tags{at::Tag::pt2_compliant_tag};
+  m.def("t5_relative_position_bucket(Tensor relative_position, bool bidirectional, int num_buckets, "
+        "int max_distance) -> Tensor", tags);
+  m.def("relative_position_bias(Tensor weight, SymInt query_length, SymInt key_length, bool bidirectional, "
+        "int num_buckets, int max_distance, SymInt query_offset) -> Tensor", tags);
+  m.def("relative_position_bias_backward(Tensor grad, bool bidirectional, int num_buckets, int max_distance, "
+        "SymInt query_offset) -> Tensor", tags);
+  m.def("alibi_bias(Tensor slopes, SymInt query_length, SymInt key_length, SymInt query_offset, "
+        "ScalarType? dtype) -> Tensor", tags);
+  m.def("alibi_bias_backward(Tensor grad, SymInt query_offset) -> Tensor", tags);
+}

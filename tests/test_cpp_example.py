@@ -142,6 +142,7 @@ def test_torchscript_and_cpp_api_match_python(example_binary, tmp_path):
     assert '"version"' in proc.stdout  # posenc::build_info_json() works from C++
     outputs = _compare(tmp_path)
     assert "script.rope_inplace_q" in outputs and "api.rope_q" in outputs
+    assert "script.t5_bias" in outputs and "api.t5_bias" in outputs and "api.alibi_bias" in outputs
 
 
 def test_aoti_package_runs_in_cpp(example_binary, tmp_path):

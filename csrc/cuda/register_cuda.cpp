@@ -11,7 +11,8 @@ namespace {
 bool not_capturing() {
   return c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None;
 }
-constexpr Backend kCudaBackend{run_sinusoidal, run_rope, not_capturing};
+constexpr Backend kCudaBackend{run_sinusoidal, run_rope, not_capturing, run_bucket, run_relative_bias,
+                                run_relative_bias_grad};
 }  // namespace
 }  // namespace posenc::cuda
 

@@ -6,6 +6,7 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include "host/bias_plan.h"
 #include "host/plan.h"
 
 namespace posenc {
@@ -65,6 +66,33 @@ void register_kernels(torch::Library& m) {
                              const OptTensor& positions, c10::string_view layout, bool inverse) {
     const Guard guard(q.device());
     rope_cos_sin_inplace_op(q, k, cos, sin, positions, layout, inverse, kBackend);
+  });
+  // Relative position biases (host/bias_plan.h).
+  m.impl("t5_relative_position_bucket", [](const at::Tensor& relative_position, bool bidirectional, int64_t num_buckets,
+                                           int64_t max_distance) {
+    const Guard guard(relative_position.device());
+    return t5_relative_position_bucket_op(relative_position, bidirectional, num_buckets, max_distance, kBackend);
+  });
+  m.impl("relative_position_bias", [](const at::Tensor& weight, int64_t query_length, int64_t key_length,
+                                      bool bidirectional, int64_t num_buckets, int64_t max_distance,
+                                      int64_t query_offset) {
+    const Guard guard(weight.device());
+    return relative_position_bias_op(weight, query_length, key_length, bidirectional, num_buckets, max_distance,
+                                     query_offset, kBackend);
+  });
+  m.impl("relative_position_bias_backward", [](const at::Tensor& grad, bool bidirectional, int64_t num_buckets,
+                                               int64_t max_distance, int64_t query_offset) {
+    const Guard guard(grad.device());
+    return relative_position_bias_backward_op(grad, bidirectional, num_buckets, max_distance, query_offset, kBackend);
+  });
+  m.impl("alibi_bias", [](const at::Tensor& slopes, int64_t query_length, int64_t key_length, int64_t query_offset,
+                          std::optional<at::ScalarType> dtype) {
+    const Guard guard(slopes.device());
+    return alibi_bias_op(slopes, query_length, key_length, query_offset, dtype, kBackend);
+  });
+  m.impl("alibi_bias_backward", [](const at::Tensor& grad, int64_t query_offset) {
+    const Guard guard(grad.device());
+    return alibi_bias_backward_op(grad, query_offset, kBackend);
   });
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 #include <ATen/ATen.h>
 #include <string_view>
+#include "core/relative_bias.h"
 #include "core/rope.h"
 #include "core/sinusoidal.h"
 
@@ -11,6 +12,9 @@ namespace posenc {
 
 using SinusoidalRunner = void (*)(const SinusoidalProblem&, at::ScalarType);
 using RopeRunner = void (*)(const RopeProblem&, at::ScalarType);
+using BucketRunner = void (*)(const BucketProblem&);
+using RelativeBiasRunner = void (*)(const RelativeBiasProblem&, at::ScalarType);
+using RelativeBiasGradRunner = void (*)(const RelativeBiasGradProblem&, at::ScalarType);
 
 // What a device backend (csrc/cpu, csrc/cuda) supplies: its two runners, and whether argument values
 // living on the device (cu_seqlens, gathered positions) may be read now to validate them. Reading
@@ -20,6 +24,10 @@ struct Backend {
   SinusoidalRunner sinusoidal;
   RopeRunner rope;
   bool (*may_read_device_values)();
+  // Relative position biases (host/bias_plan.h): T5 buckets, the T5/ALiBi bias and its backward.
+  BucketRunner bucket = nullptr;
+  RelativeBiasRunner relative_bias = nullptr;
+  RelativeBiasGradRunner relative_bias_grad = nullptr;
 };
 
 at::Tensor sinusoidal_table_op(const at::Tensor& positions, int64_t dim, double base, bool interleaved,

@@ -43,6 +43,8 @@ class PosencDemo(nn.Module):
         self.d_model = d_model
         self.x_scale = math.sqrt(d_model)
         self.register_buffer("inv_freq", default_inv_freq(head_dim))
+        self.register_buffer("t5_weight", torch.randn(32, HEADS, generator=torch.Generator().manual_seed(3)))
+        self.register_buffer("slopes", posenc_native.alibi_slopes(HEADS))
 
     def forward(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
                 cos: torch.Tensor, sin: torch.Tensor) -> Dict[str, torch.Tensor]:
@@ -62,6 +64,10 @@ class PosencDemo(nn.Module):
         cq, ck = torch.ops.posenc.rope_cos_sin(q.transpose(1, 2), k.transpose(1, 2), cos, sin, None, "bhsd", False)
         out["cos_sin_q"] = cq
         out["cos_sin_k"] = ck
+        # Relative position biases: T5 (encoder-style, bidirectional) and ALiBi, [1, heads, S, S].
+        s = x.shape[1]
+        out["t5_bias"] = torch.ops.posenc.relative_position_bias(self.t5_weight, s, s, True, 32, 128, 0)
+        out["alibi_bias"] = torch.ops.posenc.alibi_bias(self.slopes, s, s, 0, None)
         return out
 
 
@@ -98,6 +104,7 @@ def make_inputs(seed: int = 0) -> Dict[str, torch.Tensor]:
         "cos": emb.cos().float(),
         "sin": emb.sin().float(),
         "block_x": torch.randn(2, SEQ, D_MODEL, generator=g),
+        "t5_weight": torch.randn(32, HEADS, generator=g),  # [num_buckets, heads]
     }
 
 
@@ -124,6 +131,10 @@ def main(argv=None) -> int:
         expected["api.rope_q"] = api_q
         expected["api.rope_k"] = api_k
         expected["api.table"] = posenc_native.sinusoidal_table(inputs["positions"], D_MODEL)
+        expected["api.t5_bias"] = posenc_native.relative_position_bias(inputs["t5_weight"], 3, 24, bidirectional=False,
+                                                                       query_offset=21)
+        expected["api.alibi_slopes"] = posenc_native.alibi_slopes(HEADS)
+        expected["api.alibi_bias"] = posenc_native.alibi_bias(expected["api.alibi_slopes"], 3, 24, query_offset=21)
 
     if args.aoti:
         block = RopeBlock().eval()

@@ -1,7 +1,7 @@
 // posenc-native from a LibTorch C++ program, no Python involved:
 //   1. the op library is linked and anchored (posenc::ensure_loaded), so torch.ops.posenc.* exist;
 //   2. a TorchScript module saved by make_inputs.py runs on inputs Python saved with torch.save;
-//   3. an op is called directly through the C++ API (posenc/posenc.h);
+//   3. ops are called directly through the C++ API (posenc/posenc.h), relative position biases included;
 //   4. optionally, an AOTInductor package (model.pt2) made by `make_inputs.py --aoti` runs.
 // Results go to DIR/outputs.pt (torch::jit::pickle_save: torch.load reads it in Python).
 //
@@ -79,6 +79,11 @@ int main(int argc, char** argv) {
     out.insert("api.rope_q", rq);
     out.insert("api.rope_k", rk);
     out.insert("api.table", posenc::sinusoidal_table(positions, x.size(-1)));
+    // Relative position biases: T5 (decoder-style, a query after 20 cached tokens) and ALiBi.
+    out.insert("api.t5_bias", posenc::relative_position_bias(get(inputs, "t5_weight"), 3, 24, false, 128, 21));
+    const at::Tensor slopes = posenc::alibi_slopes(q.size(2));
+    out.insert("api.alibi_slopes", slopes);
+    out.insert("api.alibi_bias", posenc::alibi_bias(slopes, 3, 24, 21));
 
     // 3) An AOTInductor package, when make_inputs.py --aoti wrote one.
     const fs::path pt2 = dir / "model.pt2";

@@ -3,6 +3,8 @@
     posenc                      build info + every op on every device against the float64 reference
     posenc plot sinusoidal --out FILE.png
     posenc plot rope --config PATH_OR_NAME --out FILE.png
+    posenc plot t5-buckets --out FILE.png [--num-buckets 32 --max-distance 128 --heads 8 --model DIR]
+    posenc plot alibi --out FILE.png [--heads 16]
     posenc config PATH_OR_NAME  rope type, rotary dim, attention factor, inv_freq table
 """
 from __future__ import annotations
@@ -124,11 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="posenc", description="posenc-native: positional-encoding kernels")
     sub = parser.add_subparsers(dest="command")
     plot = sub.add_parser("plot", help="draw a figure")
-    plot.add_argument("what", choices=["sinusoidal", "rope"])
+    plot.add_argument("what", choices=["sinusoidal", "rope", "t5-buckets", "alibi"])
     plot.add_argument("--out", required=True, help="output PNG file")
     plot.add_argument("--config", help="for rope: a config.json path, a directory holding one, or a preset name")
     plot.add_argument("--length", type=int, default=100, help="for sinusoidal: positions")
     plot.add_argument("--dim", type=int, default=128, help="for sinusoidal: dimensions")
+    plot.add_argument("--num-buckets", type=int, default=32, help="for t5-buckets: num_buckets")
+    plot.add_argument("--max-distance", type=int, default=128, help="for t5-buckets: max_distance")
+    plot.add_argument("--heads", type=int, help="for t5-buckets (default 8) and alibi (default 16): heads")
+    plot.add_argument("--model", help="for t5-buckets: a local transformers T5/mT5/UMT5 directory (its table)")
     cfg = sub.add_parser("config", help="describe a RoPE configuration")
     cfg.add_argument("source", help="a config.json path, a directory holding one, or a preset name")
     args = parser.parse_args(argv)
@@ -141,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
 
             if args.what == "sinusoidal":
                 print(plots.plot_sinusoidal(args.out, length=args.length, dim=args.dim))
+            elif args.what == "t5-buckets":
+                print(plots.plot_t5_buckets(args.out, num_buckets=args.num_buckets, max_distance=args.max_distance,
+                                            heads=args.heads or 8, model=args.model))
+            elif args.what == "alibi":
+                print(plots.plot_alibi(args.out, heads=args.heads or 16))
             else:
                 if not args.config:
                     parser.error("plot rope needs --config")

@@ -111,3 +111,88 @@ def plot_rope(source: str, out: str) -> str:
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def _t5_weight(model: str | None, num_buckets: int, heads: int) -> tuple[torch.Tensor, str]:
+    """The encoder's relative_attention_bias.weight of a local transformers T5/mT5/UMT5 directory, or a
+    seeded N(0, 1) table (the bucket layout is what the figure shows; a trained table shows what T5 learned)."""
+    if model is None:
+        return torch.randn(num_buckets, heads, generator=torch.Generator().manual_seed(0)), "random N(0, 1) table"
+    try:
+        from transformers import AutoModelForSeq2SeqLM
+    except ImportError as e:  # pragma: no cover
+        raise RuntimeError("plot t5-buckets --model needs transformers") from e
+    m = AutoModelForSeq2SeqLM.from_pretrained(model, local_files_only=True)
+    for name, module in m.named_modules():
+        if "encoder" in name and isinstance(getattr(module, "relative_attention_bias", None), torch.nn.Embedding):
+            return module.relative_attention_bias.weight.detach().float(), f"{model} ({name})"
+    raise ValueError(f"{model}: no encoder attention with a relative_attention_bias")
+
+
+def plot_t5_buckets(out: str, num_buckets: int = 32, max_distance: int = 128, heads: int = 8,
+                    model: str | None = None) -> str:
+    """T5 relative position buckets and bias for ``posenc plot t5-buckets``: bucket index against the
+    relative distance (memory - context) for the encoder's bidirectional and the decoder's causal
+    bucketing, and the bias per head against distance (``--model``: a local T5 checkpoint's table)."""
+    from . import bias
+
+    weight, source = _t5_weight(model, num_buckets, heads)
+    num_buckets, heads = weight.shape
+    span = 2 * max_distance
+    rel = torch.arange(-span, span + 1)
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(15, 5))
+    ax = axes[0]
+    for bidirectional, label in ((True, "bidirectional (encoder)"), (False, "unidirectional (decoder)")):
+        b = bias.t5_relative_position_bucket(rel, bidirectional=bidirectional, num_buckets=num_buckets,
+                                             max_distance=max_distance)
+        ax.step(rel.numpy(), b.numpy(), where="mid", label=label)
+    for x in (-max_distance, max_distance):
+        ax.axvline(x, ls="--", c="gray", lw=0.8)
+    ax.set_xlabel("relative position (key - query)")
+    ax.set_ylabel("bucket")
+    ax.set_title(f"T5 buckets: num_buckets {num_buckets}, max_distance {max_distance} (dashed)")
+    ax.legend()
+    ax = axes[1]
+    values = bias.relative_position_bias(weight, 1, rel.numel(), max_distance=max_distance,
+                                         query_offset=span)[0, :, 0]  # query at 0, keys -span .. span
+    for h in range(heads):
+        ax.plot(rel.numpy(), values[h].numpy(), lw=0.9, label=f"head {h}" if heads <= 12 else None)
+    ax.set_xlabel("relative position (key - query)")
+    ax.set_ylabel("bias")
+    ax.set_title(f"bias per head (bidirectional), {source}")
+    if heads <= 12:
+        ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def plot_alibi(out: str, heads: int = 16, length: int = 64) -> str:
+    """ALiBi for ``posenc plot alibi``: the slopes per head (log scale) and the bias
+    ``slope * (key - query)`` against the distance for every head."""
+    from . import bias
+
+    slopes = bias.alibi_slopes(heads)
+    values = bias.alibi_bias(slopes, 1, length, query_offset=length - 1)[0, :, 0]  # the last query: keys 0 .. L-1
+    distance = torch.arange(-(length - 1), 1)
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5))
+    ax = axes[0]
+    ax.semilogy(range(heads), slopes.numpy(), "o-", ms=4)
+    ax.set_xlabel("head")
+    ax.set_ylabel("slope")
+    ax.set_title(f"ALiBi slopes, {heads} heads" + ("" if heads & (heads - 1) == 0 else " (not a power of two)"))
+    ax = axes[1]
+    for h in range(heads):
+        ax.plot(distance.numpy(), values[h].numpy(), lw=0.9, label=f"head {h}" if heads <= 16 else None)
+    ax.set_xlabel("relative position (key - query); keys after the query are masked")
+    ax.set_ylabel("bias")
+    ax.set_title("bias = slope * (key - query)")
+    if heads <= 16:
+        ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

@@ -2,6 +2,7 @@
 tested against). Slow and simple on purpose: each function reads like the formula it implements."""
 from __future__ import annotations
 
+import math
 import warnings
 from typing import TYPE_CHECKING, Optional, Union
 
@@ -14,7 +15,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .config import RopeConfig
 
 __all__ = ["sinusoidal_frequencies", "sinusoidal_table", "add_sinusoidal", "rope_positions", "rope_angles",
-           "rope_tables", "rotate_half", "rotate_every_two", "apply_rope"]
+           "rope_tables", "rotate_half", "rotate_every_two", "apply_rope", "t5_relative_position_bucket",
+           "relative_position_bias", "alibi_slopes", "alibi_bias"]
 
 
 def sinusoidal_frequencies(dim: int, base: float = 10000.0, freq_shift: float = 0.0,
@@ -194,3 +196,70 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Opt
         return _rotate(x.to(torch.float64), cos, sin, rotary_dim, bool(interleaved)).to(x.dtype)
 
     return one(q), one(k)
+
+
+# ------------------------------------------------------------------------------------------------
+# Relative position biases (T5, ALiBi). r = key - (query + query_offset) (memory - context).
+
+
+def t5_relative_position_bucket(relative_position: torch.Tensor, *, bidirectional: bool = True,
+                                num_buckets: int = 32, max_distance: int = 128) -> torch.Tensor:
+    """T5's bucket of each relative position, exactly (integer arithmetic, no floating point).
+
+    With n the distance (``|r|`` when bidirectional, ``max(-r, 0)`` otherwise), ``buckets`` the
+    buckets per direction (``num_buckets // 2`` when bidirectional) and ``max_exact = buckets // 2``:
+    ``n < max_exact`` is its own bucket; otherwise the bucket is
+    ``max_exact + floor((buckets - max_exact) * ln(n / max_exact) / ln(max_distance / max_exact))``,
+    at most ``buckets - 1``: the largest k with ``(n / max_exact)^(buckets - max_exact) >=
+    (max_distance / max_exact)^k``. Bidirectional: keys after the query (r > 0) add ``buckets``.
+    """
+    rp = relative_position.to(torch.int64)
+    per = num_buckets // 2 if bidirectional else num_buckets
+    me, span, md = per // 2, per - per // 2, int(max_distance)
+    if bidirectional:
+        base, n = (rp > 0).to(torch.int64) * per, rp.abs()
+    else:
+        base, n = torch.zeros_like(rp), (-rp).clamp_min(0)
+
+    def large(d: int) -> int:  # exact integer comparison of the powers
+        k = max(k for k in range(span + 1) if d ** span * me ** k >= md ** k * me ** span)
+        return min(me + k, per - 1)
+
+    table = torch.tensor([large(d) for d in range(me, max(md, me))] + [per - 1], dtype=torch.int64, device=rp.device)
+    idx = (n.clamp(me, max(md, me)) - me)
+    return base + torch.where(n < me, n, table[idx])
+
+
+def relative_position_bias(weight: torch.Tensor, query_length: int, key_length: int, *, bidirectional: bool = True,
+                           max_distance: int = 128, query_offset: int = 0) -> torch.Tensor:
+    """``bias[0, h, i, j] = weight[bucket(j - (i + query_offset)), h]``, ``[1, heads, Lq, Lk]`` in weight's dtype."""
+    q = torch.arange(query_length, device=weight.device)[:, None] + int(query_offset)
+    k = torch.arange(key_length, device=weight.device)[None, :]
+    buckets = t5_relative_position_bucket(k - q, bidirectional=bidirectional, num_buckets=weight.shape[0],
+                                          max_distance=max_distance)
+    return weight[buckets].permute(2, 0, 1).unsqueeze(0)
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """ALiBi slopes as the paper's code computes them (float64): a geometric sequence starting at
+    ``2^(-8/n)`` for a power of two n; otherwise the slopes of the largest power of two below, then
+    every other slope of the next power of two."""
+
+    def power_of_2(n: int) -> list[float]:
+        start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
+        return [start * start ** i for i in range(n)]
+
+    def slopes(n: int) -> list[float]:
+        if math.log2(n).is_integer():
+            return power_of_2(n)
+        closest = 2 ** math.floor(math.log2(n))
+        return power_of_2(closest) + slopes(2 * closest)[0::2][: n - closest]
+
+    return torch.tensor(slopes(num_heads), dtype=torch.float64)
+
+
+def alibi_bias(slopes: torch.Tensor, query_length: int, key_length: int, *, query_offset: int = 0) -> torch.Tensor:
+    """``bias[0, h, i, j] = slopes[h] * (j - (i + query_offset))`` in float64, ``[1, heads, Lq, Lk]``."""
+    q = torch.arange(query_length, dtype=torch.float64, device=slopes.device)[:, None] + int(query_offset)
+    k = torch.arange(key_length, dtype=torch.float64, device=slopes.device)[None, :]
+    return (slopes.to(torch.float64)[:, None, None] * (k - q)).unsqueeze(0)

@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-from . import ops, reference
+from . import bias, ops, reference
 
 # Tolerances of the numerics contract (docs/architecture.md, "Numerics"): relative, norm-wise.
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float64: 1e-12}
@@ -97,6 +97,48 @@ def _apply_rotary_pos_emb(device: str, dtype: torch.dtype) -> float:
     return max(rel_error(q_out, rq), rel_error(k_out, rk))
 
 
+def _t5_bias_inputs(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randn(32, 8, generator=g, dtype=torch.float64)
+    grad = torch.randn(1, 8, 77, 300, generator=g, dtype=torch.float64)
+    return weight, grad
+
+
+_BIAS_SHAPE = dict(query_length=77, key_length=300, query_offset=223)  # a decoding-like window
+
+
+def _relative_position_bias(device: str, dtype: torch.dtype) -> float:
+    weight, _ = _t5_bias_inputs(5)
+    lq, lk, off = _BIAS_SHAPE.values()
+    out = bias.relative_position_bias(weight.to(device, dtype), lq, lk, bidirectional=False, query_offset=off)
+    return rel_error(out, reference.relative_position_bias(weight, lq, lk, bidirectional=False, query_offset=off))
+
+
+def _relative_position_bias_grad(device: str, dtype: torch.dtype) -> float:
+    weight, grad = _t5_bias_inputs(6)
+    lq, lk, off = _BIAS_SHAPE.values()
+    w = weight.requires_grad_()
+    truth = torch.autograd.grad(reference.relative_position_bias(w, lq, lk, query_offset=off), w, grad)[0]
+    out = torch.ops.posenc.relative_position_bias_backward(grad.to(device, dtype), True, 32, 128, off)
+    return rel_error(out, truth)
+
+
+def _alibi_bias(device: str, dtype: torch.dtype) -> float:
+    slopes = bias.alibi_slopes(12)
+    lq, lk, off = _BIAS_SHAPE.values()
+    out = bias.alibi_bias(slopes.to(device), lq, lk, query_offset=off, dtype=dtype)
+    return rel_error(out, reference.alibi_bias(slopes, lq, lk, query_offset=off))
+
+
+def _alibi_bias_grad(device: str, dtype: torch.dtype) -> float:
+    _, grad = _t5_bias_inputs(7)
+    grad = grad / 16  # sum(grad * (j - i)) stays inside float16's range
+    lq, lk, off = _BIAS_SHAPE.values()
+    s = bias.alibi_slopes(8).double().requires_grad_()
+    truth = torch.autograd.grad(reference.alibi_bias(s, lq, lk, query_offset=off), s, grad)[0]
+    return rel_error(torch.ops.posenc.alibi_bias_backward(grad.to(device, dtype), off), truth)
+
+
 # (op name, function(device, dtype) -> relative error)
 CASES: list[tuple[str, Callable[[str, torch.dtype], float]]] = [
     ("sinusoidal_table", _sinusoidal_table),
@@ -104,6 +146,10 @@ CASES: list[tuple[str, Callable[[str, torch.dtype], float]]] = [
     ("rope (yarn)", _rope),
     ("rope_ in place (yarn)", _rope_inplace),
     ("apply_rotary_pos_emb", _apply_rotary_pos_emb),
+    ("relative_position_bias", _relative_position_bias),
+    ("relative_position_bias bwd", _relative_position_bias_grad),
+    ("alibi_bias", _alibi_bias),
+    ("alibi_bias bwd", _alibi_bias_grad),
 ]
 
 

@@ -33,4 +33,21 @@ std::tuple<at::Tensor, at::Tensor> apply_rope(const at::Tensor& q, const at::Ten
                                               const at::Tensor& inv_freq, double attention_factor = 1.0,
                                               bool interleaved = false, const std::string& layout = "bshd");
 
+// Relative position biases, [1, heads, query_length, key_length]; query i sits at i + query_offset,
+// r = key - query. T5: weight [num_buckets, heads] (T5's relative_attention_bias.weight), bias =
+// weight[bucket(r), h] with transformers' bucketing (num_buckets = weight.size(0)).
+at::Tensor relative_position_bias(const at::Tensor& weight, int64_t query_length, int64_t key_length,
+                                  bool bidirectional = true, int64_t max_distance = 128, int64_t query_offset = 0);
+
+// T5's bucket (int64) of each int32/int64 relative position.
+at::Tensor t5_relative_position_bucket(const at::Tensor& relative_position, bool bidirectional = true,
+                                       int64_t num_buckets = 32, int64_t max_distance = 128);
+
+// ALiBi slopes of num_heads heads: float32 [num_heads] on the CPU (the paper's rule, BLOOM's and MPT's).
+at::Tensor alibi_slopes(int64_t num_heads);
+
+// ALiBi bias slopes[h] * r, in dtype (default: the slopes' dtype).
+at::Tensor alibi_bias(const at::Tensor& slopes, int64_t query_length, int64_t key_length, int64_t query_offset = 0,
+                      std::optional<at::ScalarType> dtype = std::nullopt);
+
 }  // namespace posenc

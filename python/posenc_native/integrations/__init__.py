@@ -4,11 +4,13 @@ Submodules are imported on first use, so importing ``posenc_native`` never impor
 they integrate with:
 
 - :mod:`posenc_native.integrations.transformers`: ``patch(model)`` / ``unpatch(model)`` swap the
-  rotary path of a loaded Hugging Face ``transformers`` model for posenc's fused RoPE kernels.
+  rotary path of a loaded Hugging Face ``transformers`` model for posenc's fused RoPE kernels (and,
+  for T5 / mT5 / UMT5, delegate to :mod:`posenc_native.integrations.t5`: the relative position bias
+  from posenc's kernel).
 """
 import importlib
 
-__all__ = ["transformers"]
+__all__ = ["transformers", "t5"]
 
 
 def __getattr__(name: str):

@@ -640,6 +640,9 @@ def patch(model: nn.Module, *, check: bool = True) -> nn.Module:
     Returns ``model``, patched in place. Undo with :func:`unpatch`.
     """
     model_type = _model_type(model)
+    if model_type in ("t5", "mt5", "umt5"):  # relative position bias, no rotary: integrations/t5.py
+        from . import t5
+        return t5.patch(model, check=check)
     if getattr(model, _RECORD_ATTR, None) is not None:
         return model  # idempotent
     family = _FAMILIES.get(model_type)
@@ -674,6 +677,9 @@ def unpatch(model: nn.Module) -> nn.Module:
 
     Raises ``ValueError`` if the model is not patched.
     """
+    from . import t5
+    if t5.is_patched(model):
+        return t5.unpatch(model)
     record = getattr(model, "__dict__", {}).get(_RECORD_ATTR)
     if record is None:
         raise ValueError(f"posenc_native.integrations.transformers.unpatch: this {type(model).__name__} is not "
@@ -685,7 +691,8 @@ def unpatch(model: nn.Module) -> nn.Module:
 
 def is_patched(model: nn.Module) -> bool:
     """Whether :func:`patch` was applied to ``model`` (and not undone)."""
-    return getattr(model, "__dict__", {}).get(_RECORD_ATTR) is not None
+    from . import t5
+    return getattr(model, "__dict__", {}).get(_RECORD_ATTR) is not None or t5.is_patched(model)
 
 
 @contextlib.contextmanager

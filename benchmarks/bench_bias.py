@@ -1,0 +1,118 @@
+#!/usr/bin/env python
+"""CPU benchmark of the relative position biases (T5 buckets, ALiBi) against transformers' code.
+
+    python benchmarks/bench_bias.py              # H=16, L=2048 (about a minute on 2 cores)
+    python benchmarks/bench_bias.py --quick      # small sizes: a smoke test, numbers mean little
+    python benchmarks/bench_bias.py --threads 1
+
+Rows, all measured in this one run (median wall time; ratio = ours / baseline):
+- ``relative_position_bias`` vs transformers' ``T5Attention.compute_bias(L, L).contiguous()`` (the
+  [1, H, L, L] bias an SDPA/eager attention adds), goal >= 3x faster;
+- ``alibi_bias`` vs BLOOM's ``build_alibi_tensor`` expanded to the same [1, H, L, L] (BLOOM's bias
+  differs from ours by a constant per query row, which a causal softmax ignores) and vs the plain
+  PyTorch expression ``slopes[:, None, None] * (j - i)``;
+- both vs the write floor: ``torch.empty`` of the output's shape + ``fill_``, goal <= 1.3x.
+Measuring helpers (median timing, steady-state malloc, the table) are bench_cpu.py's.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_cpu import Goal, Row, Settings, bench, check, cpu_model, print_table, steady_malloc  # noqa: E402
+
+import posenc_native as pn  # noqa: E402
+
+
+def t5_rows(s: Settings, H: int, L: int, dtype: torch.dtype) -> list[Row]:
+    from transformers import T5Config
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    torch.manual_seed(0)
+    cfg = T5Config(d_model=H * 8, d_kv=8, num_heads=H, relative_attention_num_buckets=32,
+                   relative_attention_max_distance=128)
+    attn = T5Attention(cfg, has_relative_attention_bias=True, layer_idx=0).to(dtype).requires_grad_(False)
+    w = attn.relative_attention_bias.weight
+    ours_fn = lambda: pn.relative_position_bias(w, L, L)  # noqa: E731
+    hf_fn = lambda: attn.compute_bias(L, L).contiguous()  # noqa: E731
+    if not torch.equal(ours_fn(), hf_fn()):
+        raise SystemExit("bench_bias: relative_position_bias differs from transformers' compute_bias")
+    ours = bench(ours_fn, s)
+    hf = bench(hf_fn, s)
+    floor = bench(lambda: torch.empty(1, H, L, L, dtype=dtype).fill_(0.5), s)
+    name = f"relative_position_bias H={H} L={L} {str(dtype).replace('torch.', '')}"
+    return [Row(name, ours, "transformers compute_bias + .contiguous()", hf, Goal(1 / 3, ">= 3x faster")),
+            Row(name, ours, "torch.empty + fill_", floor, Goal(1.3, "<= 1.3x"))]
+
+
+def alibi_rows(s: Settings, H: int, L: int, dtype: torch.dtype) -> list[Row]:
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
+    slopes = pn.alibi_slopes(H)
+    mask = torch.ones(1, L, dtype=torch.long)
+    ours_fn = lambda: pn.alibi_bias(slopes, L, L, dtype=dtype)  # noqa: E731
+    bloom_fn = lambda: build_alibi_tensor(mask, H, dtype).view(1, H, 1, L).expand(1, H, L, L).contiguous()  # noqa: E731
+    pos = torch.arange(L)
+    eager_fn = lambda: (slopes[:, None, None] * (pos[None, :] - pos[:, None])).unsqueeze(0).to(dtype)  # noqa: E731
+    # Same bias up to a constant per query row: BLOOM's is slopes[h] * j, ours slopes[h] * (j - i).
+    shifted = bloom_fn() - slopes[None, :, None, None] * pos[None, None, :, None].to(dtype)
+    check("alibi_bias vs BLOOM + per-row shift", ours_fn(), shifted, 1e-6 if dtype == torch.float32 else 1e-2)
+    ours = bench(ours_fn, s)
+    bloom = bench(bloom_fn, s)
+    eager = bench(eager_fn, s)
+    floor = bench(lambda: torch.empty(1, H, L, L, dtype=dtype).fill_(0.5), s)
+    name = f"alibi_bias H={H} L={L} {str(dtype).replace('torch.', '')}"
+    return [Row(name, ours, "BLOOM build_alibi_tensor, expanded", bloom),
+            Row(name, ours, "eager slopes * (j - i)", eager),
+            Row(name, ours, "torch.empty + fill_", floor, Goal(1.3, "<= 1.3x"))]
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (a smoke test)")
+    parser.add_argument("--repeat", type=int, help="timed repeats per measurement (median is reported)")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    parser.add_argument("--malloc", choices=["steady", "system"], default="steady",
+                        help="steady (default): large blocks are reused between calls; system: glibc's own policy")
+    args = parser.parse_args(argv)
+    allocator = steady_malloc() if args.malloc == "steady" else "glibc defaults (--malloc system)"
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    settings = Settings(quick=args.quick, warmup=1 if args.quick else 2, repeat=args.repeat or (3 if args.quick else 7),
+                        min_time=0.05 if args.quick else 0.5, compile=False)
+    H, L = (4, 256) if args.quick else (16, 2048)
+
+    command = " ".join(["python", os.path.relpath(__file__)] + (sys.argv[1:] if argv is None else argv))
+    info = pn.build_info()
+    print("posenc-native relative-bias CPU benchmark" + (" (--quick: smoke-test sizes)" if args.quick else ""))
+    print(f"command:  {command}")
+    load = f", load average {os.getloadavg()[0]:.2f} at start" if hasattr(os, "getloadavg") else ""
+    print(f"machine:  {cpu_model()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}{load}")
+    print(f"software: python {platform.python_version()}, torch {torch.__version__}, posenc-native {info['version']} "
+          f"({info['cxx_compiler']})")
+    print(f"malloc:   {allocator}")
+    print(f"timing:   median of >= {settings.repeat} calls (and >= {settings.min_time} s) after {settings.warmup} "
+          "warm-up; ratio = ours / baseline")
+    print()
+    start = time.perf_counter()
+    rows: list[Row] = []
+    for dtype in (torch.float32, torch.bfloat16):
+        rows += t5_rows(settings, H, L, dtype)
+        rows += alibi_rows(settings, H, L, dtype)
+    print_table(rows)
+    verdicts = [r.goal.verdict(r.ratio) for r in rows if r.goal and r.ratio is not None]
+    print()
+    print(f"{verdicts.count('PASS')} goals met, {verdicts.count('MISS')} missed; {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,165 @@
+// CPU kernels of the relative-position-bias ops (csrc/core/relative_bias.h). The bias is constant
+// along diagonals, so the forward builds the Lq + Lk - 1 diagonal values per head once (one bucket
+// per relative position, shared by all heads) and writes every output row as a copy of a window
+// of that table: one pass over the output, as fast as filling it. The backward sums the gradient
+// along diagonals in fixed row blocks (the same sums for any thread count), then per bucket.
+#include <ATen/Parallel.h>
+
+#include <cstring>
+#include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "cpu/kernels.h"
+
+namespace posenc::cpu {
+namespace {
+
+// dst[h * dst_stride_h + t] = value(h, relative(t)) for t in [begin, end). Columns (one bucket, every
+// head) go to a small buffer first and then out head by head, so the writes run along rows: writing
+// each column straight to H rows far apart (often a power of two apart) thrashes the cache sets.
+template <typename T>
+void table_range(const RelativeBiasProblem& p, T* dst, int64_t dst_stride_h, int64_t begin, int64_t end) {
+  constexpr int64_t kChunk = 256;
+  std::vector<T> columns(static_cast<size_t>(kChunk * p.heads));
+  for (int64_t t0 = begin; t0 < end; t0 += kChunk) {
+    const int64_t n = std::min(kChunk, end - t0);
+    for (int64_t k = 0; k < n; ++k) bias_column<T>(p, p.relative(t0 + k), columns.data() + k * p.heads, 1);
+    for (int64_t h = 0; h < p.heads; ++h) {
+      T* row = dst + h * dst_stride_h + t0;
+      for (int64_t k = 0; k < n; ++k) row[k] = columns[k * p.heads + h];
+    }
+  }
+}
+
+template <typename T>
+void build_table(const RelativeBiasProblem& p, T* dst, int64_t dst_stride_h) {
+  at::parallel_for(0, p.diagonals(), 4096, [&](int64_t begin, int64_t end) {
+    table_range<T>(p, dst, dst_stride_h, begin, end);
+  });
+}
+
+// Copies bytes; with `stream`, the 16-byte-aligned body goes out with non-temporal stores: an output
+// far larger than the caches is written without first reading each line into them (the read for
+// ownership a plain store costs), which halves the memory traffic. memcpy is avoided: for these
+// sizes glibc uses `rep movsb`, slow on some CPUs when source and destination alignments differ (here
+// they do: row i reads the table from offset Lq - 1 - i).
+void copy_row(char* __restrict dst, const char* __restrict src, size_t bytes, bool stream) {
+#if defined(__SSE2__)
+  if (stream) {
+    size_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15;
+    if (head > bytes) head = bytes;
+    for (size_t b = 0; b < head; ++b) dst[b] = src[b];
+    size_t b = head;
+    for (; b + 16 <= bytes; b += 16) {
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + b), _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + b)));
+    }
+    for (; b < bytes; ++b) dst[b] = src[b];
+    return;
+  }
+#endif
+  for (size_t b = 0; b < bytes; ++b) dst[b] = src[b];
+}
+
+template <typename T>
+void run_bias_typed(const RelativeBiasProblem& p) {
+  const int64_t nd = p.diagonals(), lq = p.query_length, lk = p.key_length;
+  T* out = static_cast<T*>(p.out);
+  if (lq == 1) {  // one query row per head: the table is the output
+    build_table<T>(p, out, nd);
+    return;
+  }
+  std::vector<T> table(static_cast<size_t>(p.heads * nd));
+  build_table<T>(p, table.data(), nd);
+  // Row i of head h is the window t = Lq-1-i .. Lq-1-i+Lk-1 of the table (t = j - i + Lq - 1).
+  const bool stream = p.heads * lq * lk * static_cast<int64_t>(sizeof(T)) >= (int64_t{16} << 20);
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(lk, 1));
+  at::parallel_for(0, p.heads * lq, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t h = row / lq, i = row % lq;
+      const T* window = table.data() + h * nd + (lq - 1 - i);
+      copy_row(reinterpret_cast<char*>(out + row * lk), reinterpret_cast<const char*>(window),
+               static_cast<size_t>(lk) * sizeof(T), stream);
+    }
+#if defined(__SSE2__)
+    if (stream) _mm_sfence();  // non-temporal stores are ordered before the op returns
+#endif
+  });
+}
+
+// part[Lq - 1 - i + j] += grad[i, j] for the rows [i0, i1) of one head.
+template <typename T>
+POSENC_CPU_CLONES void add_rows(const T* g, int64_t stride_i, int64_t stride_j, int64_t i0, int64_t i1, int64_t lq,
+                                int64_t lk, double* part) {
+  using M = math_t<T>;
+  for (int64_t i = i0; i < i1; ++i) {
+    const T* row = g + i * stride_i;
+    double* d = part + (lq - 1 - i);
+    if (stride_j == 1) {
+      for (int64_t j = 0; j < lk; ++j) d[j] += static_cast<double>(to_math<M>(row[j]));
+    } else {
+      for (int64_t j = 0; j < lk; ++j) d[j] += static_cast<double>(to_math<M>(row[j * stride_j]));
+    }
+  }
+}
+
+template <typename T>
+void run_grad_typed(const RelativeBiasGradProblem& p) {
+  const int64_t nd = p.diagonals(), lq = p.query_length, lk = p.key_length, heads = p.heads;
+  // A partition that depends only on the shape: at most 8 row blocks of >= 256 rows per head.
+  const int64_t blocks = std::min<int64_t>(8, (lq + 255) / 256);
+  const int64_t rows_per_block = (lq + blocks - 1) / blocks;
+  std::vector<double> partial(static_cast<size_t>(heads * blocks * nd), 0.0);
+  const T* grad = static_cast<const T*>(p.grad);
+  at::parallel_for(0, heads * blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t h = u / blocks, blk = u % blocks;
+      const int64_t i0 = blk * rows_per_block, i1 = std::min(lq, i0 + rows_per_block);
+      add_rows<T>(grad + h * p.grad_stride_h, p.grad_stride_i, p.grad_stride_j, i0, i1, lq, lk,
+                  partial.data() + u * nd);
+    }
+  });
+  for (int64_t h = 0; h < heads; ++h) {  // diagonal[h] = blocks summed in order
+    double* d = p.diagonal + h * nd;
+    const double* first = partial.data() + h * blocks * nd;
+    std::copy(first, first + nd, d);
+    for (int64_t blk = 1; blk < blocks; ++blk) {
+      const double* src = first + blk * nd;
+      for (int64_t t = 0; t < nd; ++t) d[t] += src[t];
+    }
+  }
+  T* out = static_cast<T*>(p.out);
+  if (p.kind == BiasKind::T5) {
+    // Each diagonal's bucket once; sums in diagonal order per (bucket, head), as bias_grad_item.
+    std::vector<int64_t> bucket(static_cast<size_t>(nd));
+    for (int64_t t = 0; t < nd; ++t) bucket[t] = p.t5.bucket(p.relative(t));
+    std::vector<double> acc(static_cast<size_t>(p.num_buckets * heads), 0.0);
+    for (int64_t h = 0; h < heads; ++h) {
+      const double* d = p.diagonal + h * nd;
+      for (int64_t t = 0; t < nd; ++t) acc[bucket[t] * heads + h] += d[t];
+    }
+    for (size_t w = 0; w < acc.size(); ++w) out[w] = from_math<T>(static_cast<math_t<T>>(acc[w]));
+  } else {
+    for (int64_t h = 0; h < heads; ++h) bias_grad_item<T>(p, h);
+  }
+}
+
+}  // namespace
+
+void run_bucket(const BucketProblem& p) {
+  at::parallel_for(0, p.numel, 16384, [&](int64_t begin, int64_t end) {
+    for (int64_t w = begin; w < end; ++w) p.item(w);
+  });
+}
+
+void run_relative_bias(const RelativeBiasProblem& p, at::ScalarType dtype) {
+  dispatch_float_types(dtype, "posenc.relative_bias", [&](auto tag) { run_bias_typed<decltype(tag)>(p); });
+}
+
+void run_relative_bias_grad(const RelativeBiasGradProblem& p, at::ScalarType dtype) {
+  dispatch_float_types(dtype, "posenc.relative_bias_backward", [&](auto tag) { run_grad_typed<decltype(tag)>(p); });
+}
+
+}  // namespace posenc::cpu

@@ -1,0 +1,215 @@
+"""Relative position biases: T5's bucketed bias and ALiBi, over torch.ops.posenc (csrc/core/relative_bias.h).
+
+Both biases depend on a (query i, key j) pair only through the relative position
+``r = j - (i + query_offset)`` (memory minus context, as T5 defines it) and come out as
+``[1, heads, query_length, key_length]``, ready to add to attention scores:
+
+- T5: ``bias[0, h, i, j] = weight[bucket(r), h]`` with ``weight`` T5's
+  ``relative_attention_bias.weight`` (``[num_buckets, heads]``) and ``bucket`` transformers'
+  ``T5Attention._relative_position_bucket``.
+- ALiBi: ``bias[0, h, i, j] = slopes[h] * r``. Under a causal mask this equals BLOOM's and MPT's
+  forms (they differ from it by a constant per query row, which softmax ignores).
+
+This module holds the thin wrappers, the fake kernels (torch.compile / export) and autograd.
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from ._library import load_library
+
+load_library()
+
+__all__ = ["t5_relative_position_bucket", "relative_position_bias", "alibi_slopes", "alibi_bias"]
+
+Offset = Union[int, torch.SymInt, torch.Tensor]
+
+
+def _offset(query_offset: Offset) -> int:
+    """An int offset; a 0-dim tensor (transformers' past_seen_tokens with a static cache) is read
+    on the host."""
+    if isinstance(query_offset, torch.Tensor):
+        if query_offset.numel() != 1:
+            raise ValueError("query_offset must be an int or a one-element tensor, got shape "
+                             f"{tuple(query_offset.shape)}")
+        return int(query_offset.item())
+    return query_offset
+
+
+def t5_relative_position_bucket(relative_position: torch.Tensor, *, bidirectional: bool = True,
+                                num_buckets: int = 32, max_distance: int = 128) -> torch.Tensor:
+    """T5's bucket of each relative position (memory - context), exactly as transformers'
+    ``T5Attention._relative_position_bucket``: distances below ``max_exact = num_buckets // 2 // 2``
+    (bidirectional) or ``num_buckets // 2`` get a bucket each, larger ones log-spaced buckets up to
+    ``max_distance``, clamped to the last; bidirectional buckets give keys after the query the upper
+    half, unidirectional ones map keys after the query to bucket 0.
+
+    Args:
+        relative_position: int32 or int64 tensor of any shape.
+        bidirectional: False for T5's decoder self-attention.
+        num_buckets: even when bidirectional; >= 4 (bidirectional) or >= 2.
+        max_distance: > the number of exact distances.
+
+    Returns an int64 tensor of the same shape.
+    """
+    return torch.ops.posenc.t5_relative_position_bucket(relative_position, bool(bidirectional), int(num_buckets),
+                                                        int(max_distance))
+
+
+def relative_position_bias(weight: torch.Tensor, query_length: int, key_length: int, *, bidirectional: bool = True,
+                           num_buckets: Optional[int] = None, max_distance: int = 128,
+                           query_offset: Offset = 0) -> torch.Tensor:
+    """T5's relative position bias ``[1, heads, query_length, key_length]``, what transformers'
+    ``T5Attention.compute_bias(query_length, key_length, past_seen_tokens=query_offset)`` returns,
+    computed in one pass (one bucket per relative position for all heads).
+
+    Args:
+        weight: ``[num_buckets, heads]``, the layout of T5's ``relative_attention_bias.weight``; the
+            output has its dtype and device.
+        query_length, key_length: the bias covers queries ``query_offset .. query_offset + query_length - 1``
+            against keys ``0 .. key_length - 1``.
+        bidirectional: False for decoder self-attention (``not is_decoder`` in T5).
+        num_buckets: defaults to ``weight.shape[0]``; when given it must match.
+        max_distance: T5's ``relative_attention_max_distance``.
+        query_offset: the position of the first query (transformers' ``past_seen_tokens`` while
+            decoding with a cache); a one-element tensor is read on the host.
+
+    Differentiable with respect to ``weight`` (a deterministic kernel sums the gradient per bucket
+    and head).
+    """
+    nb = num_buckets if num_buckets is not None else (weight.shape[0] if weight.dim() > 0 else 0)
+    return torch.ops.posenc.relative_position_bias(weight, query_length, key_length, bool(bidirectional), int(nb),
+                                                   int(max_distance), _offset(query_offset))
+
+
+def alibi_slopes(num_heads: int, *, device: Optional[Union[torch.device, str]] = None) -> torch.Tensor:
+    """The ALiBi slopes of ``num_heads`` heads, float32 ``[num_heads]``.
+
+    With ``c`` the largest power of two ``<= num_heads``: heads ``0 .. c-1`` get ``2^(-8k/c)`` for
+    ``k = 1 .. c``; the remaining heads ``2^(-4k/c)`` for odd ``k = 1, 3, 5, ...`` (the paper's rule
+    for head counts that are not powers of two; BLOOM's and MPT's slopes). Computed in float64, rounded once.
+    """
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+        raise ValueError(f"num_heads must be an int >= 1, got {num_heads!r}")
+    c = 1 << (num_heads.bit_length() - 1)
+    slopes = [2.0 ** (-8.0 * k / c) for k in range(1, c + 1)]
+    slopes += [2.0 ** (-4.0 * k / c) for k in range(1, 2 * (num_heads - c), 2)]
+    return torch.tensor(slopes, dtype=torch.float64, device=device).to(torch.float32)
+
+
+def alibi_bias(slopes: torch.Tensor, query_length: int, key_length: int, *, query_offset: Offset = 0,
+               dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """ALiBi bias ``[1, heads, query_length, key_length]``:
+    ``bias[0, h, i, j] = slopes[h] * (j - (i + query_offset))`` (computed in float32 for float32 and
+    half outputs, in float64 for float64; one rounding).
+
+    Masking is the attention's job: under a causal mask the result equals BLOOM's and MPT's biases
+    up to a constant per query row, which softmax ignores.
+
+    Args:
+        slopes: ``[heads]`` floating point, e.g. :func:`alibi_slopes`.
+        query_offset: the position of the first query (decoding with a cache).
+        dtype: output dtype (default: the slopes' dtype).
+
+    Differentiable with respect to ``slopes``.
+    """
+    return torch.ops.posenc.alibi_bias(slopes, query_length, key_length, _offset(query_offset), dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Fake kernels: shapes, dtypes and the cheap checks of the C++ ops, for torch.compile and export.
+
+
+@torch.library.register_fake("posenc::t5_relative_position_bucket")
+def _bucket_fake(relative_position, bidirectional, num_buckets, max_distance):
+    torch._check(relative_position.dtype in (torch.int32, torch.int64), lambda: "posenc.t5_relative_position_bucket: "
+                 f"relative_position must be int32 or int64, got {relative_position.dtype}")
+    return torch.empty(relative_position.shape, dtype=torch.int64, device=relative_position.device)
+
+
+@torch.library.register_fake("posenc::relative_position_bias")
+def _relative_position_bias_fake(weight, query_length, key_length, bidirectional, num_buckets, max_distance,
+                                 query_offset):
+    torch._check(weight.dim() == 2, lambda: "posenc.relative_position_bias: weight must be [num_buckets, heads], "
+                 f"got {weight.dim()}-D")
+    torch._check(weight.shape[0] == num_buckets, lambda: "posenc.relative_position_bias: weight must be "
+                 f"[num_buckets = {num_buckets}, heads], got shape {tuple(weight.shape)}")
+    return weight.new_empty((1, weight.shape[1], query_length, key_length))
+
+
+@torch.library.register_fake("posenc::relative_position_bias_backward")
+def _relative_position_bias_backward_fake(grad, bidirectional, num_buckets, max_distance, query_offset):
+    torch._check(grad.dim() == 4,
+                 lambda: f"posenc.relative_position_bias_backward: grad must be 4-D, got {grad.dim()}-D")
+    return grad.new_empty((num_buckets, grad.shape[1]))
+
+
+@torch.library.register_fake("posenc::alibi_bias")
+def _alibi_bias_fake(slopes, query_length, key_length, query_offset, dtype):
+    torch._check(slopes.dim() == 1, lambda: f"posenc.alibi_bias: slopes must be 1-D [heads], got {slopes.dim()}-D")
+    return slopes.new_empty((1, slopes.shape[0], query_length, key_length), dtype=dtype or slopes.dtype)
+
+
+@torch.library.register_fake("posenc::alibi_bias_backward")
+def _alibi_bias_backward_fake(grad, query_offset):
+    torch._check(grad.dim() == 4, lambda: f"posenc.alibi_bias_backward: grad must be 4-D, got {grad.dim()}-D")
+    return grad.new_empty((grad.shape[1],))
+
+
+# --------------------------------------------------------------------------------------------
+# Autograd. Both biases are linear in their parameter; each backward op is the adjoint of its
+# forward, so the backward of a backward is the forward again (double backward works).
+
+
+def _bias_setup(ctx, inputs, output):
+    weight, query_length, key_length, bidirectional, num_buckets, max_distance, query_offset = inputs
+    ctx.args = (bidirectional, num_buckets, max_distance, query_offset)
+
+
+def _bias_backward(ctx, grad):
+    bidirectional, num_buckets, max_distance, query_offset = ctx.args
+    gw = torch.ops.posenc.relative_position_bias_backward(grad, bidirectional, num_buckets, max_distance, query_offset)
+    return gw, None, None, None, None, None, None
+
+
+def _bias_backward_setup(ctx, inputs, output):
+    grad, bidirectional, num_buckets, max_distance, query_offset = inputs
+    ctx.args = (grad.shape[2], grad.shape[3], bidirectional, num_buckets, max_distance, query_offset)
+
+
+def _bias_backward_backward(ctx, grad_weight):
+    query_length, key_length, bidirectional, num_buckets, max_distance, query_offset = ctx.args
+    gg = torch.ops.posenc.relative_position_bias(grad_weight.contiguous(), query_length, key_length, bidirectional,
+                                                 num_buckets, max_distance, query_offset)
+    return gg, None, None, None, None
+
+
+def _alibi_setup(ctx, inputs, output):
+    slopes, query_length, key_length, query_offset, dtype = inputs
+    ctx.query_offset = query_offset
+    ctx.slopes_dtype = slopes.dtype
+
+
+def _alibi_backward(ctx, grad):
+    gs = torch.ops.posenc.alibi_bias_backward(grad, ctx.query_offset)
+    return gs.to(ctx.slopes_dtype), None, None, None, None
+
+
+def _alibi_backward_setup(ctx, inputs, output):
+    grad, query_offset = inputs
+    ctx.args = (grad.shape[2], grad.shape[3], query_offset, grad.dtype)
+
+
+def _alibi_backward_backward(ctx, grad_slopes):
+    query_length, key_length, query_offset, dtype = ctx.args
+    return torch.ops.posenc.alibi_bias(grad_slopes, query_length, key_length, query_offset, dtype), None
+
+
+torch.library.register_autograd("posenc::relative_position_bias", _bias_backward, setup_context=_bias_setup)
+torch.library.register_autograd("posenc::relative_position_bias_backward", _bias_backward_backward,
+                                setup_context=_bias_backward_setup)
+torch.library.register_autograd("posenc::alibi_bias", _alibi_backward, setup_context=_alibi_setup)
+torch.library.register_autograd("posenc::alibi_bias_backward", _alibi_backward_backward,
+                                setup_context=_alibi_backward_setup)

@@ -1,0 +1,598 @@
+"""Relative position biases: T5 buckets and bias, ALiBi (posenc_native.bias, csrc/core/relative_bias.h).
+
+Checked against transformers (T5Attention._relative_position_bucket / compute_bias, BLOOM's and MPT's
+ALiBi slopes), the exact integer reference (posenc_native.reference) and float64 autograd; then the
+score mods under flex_attention, the modules, opcheck, torch.compile / export / TorchScript, bad input,
+and the CUDA kernels' work items run on the host.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import posenc_native as pn
+from posenc_native import reference
+
+transformers = pytest.importorskip("transformers")
+from transformers import T5Config  # noqa: E402
+from transformers.models.bloom.modeling_bloom import _get_alibi_slopes as bloom_slopes  # noqa: E402
+from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor  # noqa: E402
+from transformers.models.t5.modeling_t5 import T5Attention  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and pn.build_info()["cuda"] else [])
+hf_bucket = T5Attention._relative_position_bucket
+
+
+def t5_attention(heads: int = 4, num_buckets: int = 32, max_distance: int = 128, decoder: bool = False,
+                 dtype: torch.dtype = torch.float32, device: str = "cpu", seed: int = 0) -> T5Attention:
+    torch.manual_seed(seed)
+    cfg = T5Config(d_model=8 * heads, d_kv=8, num_heads=heads, relative_attention_num_buckets=num_buckets,
+                   relative_attention_max_distance=max_distance, is_decoder=decoder)
+    attn = T5Attention(cfg, has_relative_attention_bias=True, layer_idx=0)
+    nn.init.normal_(attn.relative_attention_bias.weight, std=1.0)
+    return attn.to(device=device, dtype=dtype)
+
+
+def is_exact_edge(n: int, num_buckets: int, max_distance: int, bidirectional: bool) -> bool:
+    """Whether distance n sits exactly on a log-bucket edge: (n / me)^span = (md / me)^k for an integer k.
+    There transformers' float32 log may round either way (csrc/core/relative_bias.h)."""
+    per = num_buckets // 2 if bidirectional else num_buckets
+    me, span = per // 2, per - per // 2
+    if n < me or n >= max_distance:
+        return False
+    return any(n ** span * me ** k == max_distance ** k * me ** span for k in range(1, span + 1))
+
+
+def valid_configs():
+    """(bidirectional, num_buckets, max_distance) drawn over the valid range."""
+    def build(bidirectional, half, extra):
+        num_buckets = 2 * half if bidirectional else half
+        per = num_buckets // 2 if bidirectional else num_buckets
+        return bidirectional, num_buckets, per // 2 + extra
+    return st.builds(build, st.booleans(), st.integers(2, 80), st.integers(1, 3000))
+
+
+# ------------------------------------------------------------------------------------------------
+# Buckets
+
+
+@pytest.mark.parametrize("bidirectional,num_buckets,max_distance",
+                         [(True, 32, 128), (False, 32, 128), (True, 64, 256), (False, 16, 64), (True, 48, 100),
+                          (False, 10, 33), (True, 128, 4096), (False, 7, 1000)])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_bucket_equals_transformers_on_random_positions(bidirectional, num_buckets, max_distance, dtype):
+    g = torch.Generator().manual_seed(num_buckets * 1000 + max_distance)
+    rp = torch.randint(-10 ** 6, 10 ** 6 + 1, (200_000,), generator=g, dtype=torch.int64).to(dtype)
+    want = hf_bucket(rp, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
+    got = pn.t5_relative_position_bucket(rp, bidirectional=bidirectional, num_buckets=num_buckets,
+                                         max_distance=max_distance)
+    assert got.dtype == torch.int64 and got.shape == rp.shape
+    assert torch.equal(got, want)
+    assert len(torch.unique(got)) > 2  # both directions / several buckets reached
+
+
+@settings(max_examples=60, deadline=None)
+@given(config=valid_configs())
+def test_bucket_every_distance_matches_transformers_and_the_exact_reference(config):
+    """Every relative position in [-3 md, 3 md]: the exact integer reference everywhere, transformers
+    everywhere except exact bucket edges (its float32 log decides those; the kernel gives the exact value)."""
+    bidirectional, num_buckets, max_distance = config
+    kw = dict(bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
+    rp = torch.arange(-3 * max_distance - 5, 3 * max_distance + 6).flip(0)[torch.randperm(6 * max_distance + 11)]
+    got = pn.t5_relative_position_bucket(rp, **kw)
+    assert torch.equal(got, reference.t5_relative_position_bucket(rp, **kw))
+    want = hf_bucket(rp, **kw)
+    differ = (got != want).nonzero().flatten().tolist()
+    for i in differ:
+        r = int(rp[i])
+        n = abs(r) if bidirectional else max(-r, 0)
+        assert is_exact_edge(n, num_buckets, max_distance, bidirectional), (r, int(got[i]), int(want[i]))
+
+
+def test_bucket_at_an_exact_edge_is_the_exact_value():
+    # (18 / 8)^9 = (27 / 8)^6: the real bucket value is 8 + 6 exactly; float32 math may land below.
+    rp = torch.tensor([-18, 18, -17, 17, -19, 19])
+    got = pn.t5_relative_position_bucket(rp, bidirectional=True, num_buckets=34, max_distance=27)
+    assert got.tolist() == [14, 31, 13, 30, 14, 31]
+
+
+def test_bucket_extreme_positions():
+    big = torch.tensor([-2 ** 63, 2 ** 63 - 1, -2 ** 40, 2 ** 40, 0, 1, -1], dtype=torch.int64)
+    got = pn.t5_relative_position_bucket(big)
+    assert got.tolist() == [15, 31, 15, 31, 0, 17, 1]
+    got = pn.t5_relative_position_bucket(big, bidirectional=False)
+    assert got.tolist() == [31, 0, 31, 0, 0, 0, 1]
+    empty = pn.t5_relative_position_bucket(torch.empty(0, 3, dtype=torch.int32))
+    assert empty.shape == (0, 3) and empty.dtype == torch.int64
+
+
+# ------------------------------------------------------------------------------------------------
+# T5 bias
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("decoder", [False, True])
+def test_bias_equals_compute_bias(device, dtype, decoder):
+    attn = t5_attention(heads=6, decoder=decoder, dtype=dtype, device=device, seed=1)
+    w = attn.relative_attention_bias.weight
+    for lq, lk, past in [(37, 37, 0), (1, 300, 299), (5, 260, 255), (64, 3, 0), (3, 500, 0), (0, 4, 0), (4, 0, 0),
+                         (9, 21, 12)]:
+        want = attn.compute_bias(lq, lk, device=device, past_seen_tokens=past)
+        got = pn.relative_position_bias(w, lq, lk, bidirectional=not decoder, max_distance=128, query_offset=past)
+        assert got.shape == want.shape == (1, 6, lq, lk) and got.dtype == dtype and got.is_contiguous()
+        assert torch.equal(got, want), (lq, lk, past)
+    # query_offset as a tensor (transformers' past_seen_tokens with a static cache)
+    got = pn.relative_position_bias(w, 2, 50, bidirectional=not decoder, query_offset=torch.tensor(48))
+    assert torch.equal(got, attn.compute_bias(2, 50, past_seen_tokens=48))
+
+
+@settings(max_examples=30, deadline=None)
+@given(config=valid_configs(), lq=st.integers(1, 40), lk=st.integers(1, 300), offset=st.integers(-50, 5000),
+       heads=st.integers(1, 9))
+def test_bias_equals_the_exact_reference(config, lq, lk, offset, heads):
+    bidirectional, num_buckets, max_distance = config
+    w = torch.randn(num_buckets, heads, dtype=torch.float64)
+    got = pn.relative_position_bias(w, lq, lk, bidirectional=bidirectional, max_distance=max_distance,
+                                    query_offset=offset)
+    want = reference.relative_position_bias(w, lq, lk, bidirectional=bidirectional, max_distance=max_distance,
+                                            query_offset=offset)
+    assert torch.equal(got, want)
+
+
+def test_bias_reads_a_strided_weight():
+    w = torch.randn(8, 32, dtype=torch.float32).t()  # [32, 8] with strides (1, 32)
+    got = pn.relative_position_bias(w, 20, 30, query_offset=4)
+    assert torch.equal(got, pn.relative_position_bias(w.contiguous(), 20, 30, query_offset=4))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("decoder", [False, True])
+def test_bias_gradient_equals_autograd_through_transformers(device, decoder):
+    attn = t5_attention(heads=5, decoder=decoder, device=device, seed=2)
+    attn64 = t5_attention(heads=5, decoder=decoder, device=device, seed=2).double()
+    w, w64 = attn.relative_attention_bias.weight, attn64.relative_attention_bias.weight
+    for lq, lk, past in [(200, 260, 0), (1, 400, 399), (33, 40, 7)]:
+        g = torch.randn(1, 5, lq, lk, device=device).double()  # float32 values: the same gradient for both
+        want64 = torch.autograd.grad(attn64.compute_bias(lq, lk, past_seen_tokens=past), w64, g)[0]
+        want32 = torch.autograd.grad(attn.compute_bias(lq, lk, past_seen_tokens=past), w, g.float())[0]
+        bias = pn.relative_position_bias(w, lq, lk, bidirectional=not decoder, query_offset=past)
+        got = torch.autograd.grad(bias, w, g.float())[0]
+        assert got.dtype == torch.float32 and got.shape == w.shape
+        # float64 sums, one rounding: as close to the float64 truth as float32 allows
+        torch.testing.assert_close(got.double(), want64, rtol=2e-7, atol=1e-6)
+        torch.testing.assert_close(got, want32, rtol=1e-4, atol=1e-4)  # transformers sums in float32
+        got64 = torch.autograd.grad(pn.relative_position_bias(w64, lq, lk, bidirectional=not decoder,
+                                                              query_offset=past), w64, g)[0]
+        torch.testing.assert_close(got64, want64, rtol=1e-12, atol=1e-10)
+
+
+def test_bias_backward_is_deterministic_across_thread_counts():
+    g = torch.randn(1, 8, 700, 900)
+    runs = []
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2, 1, 2):
+            torch.set_num_threads(n)
+            runs.append(torch.ops.posenc.relative_position_bias_backward(g, True, 32, 128, 3))
+            runs.append(torch.ops.posenc.alibi_bias_backward(g, 3))
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(runs[0::2], runs[2::2]):
+        assert torch.equal(a, b)
+    for a, b in zip(runs[1::2], runs[3::2]):
+        assert torch.equal(a, b)
+
+
+def test_bias_backward_of_a_strided_gradient():
+    w = torch.randn(32, 4, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(1, 30, 4, 20, dtype=torch.float64).transpose(1, 2)  # [1, 4, 30, 20], non-contiguous
+    got = torch.autograd.grad(pn.relative_position_bias(w, 30, 20, query_offset=2), w, g)[0]
+    want = torch.autograd.grad(reference.relative_position_bias(w, 30, 20, query_offset=2), w, g)[0]
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    # .sum().backward() hands over an expanded gradient: every stride 0
+    pn.relative_position_bias(w, 30, 20, query_offset=2).sum().backward()
+    got, w.grad = w.grad, None
+    reference.relative_position_bias(w, 30, 20, query_offset=2).sum().backward()
+    torch.testing.assert_close(got, w.grad, rtol=1e-12, atol=1e-12)
+    assert got.abs().sum() > 0
+
+
+def test_gradcheck_and_gradgradcheck():
+    w = torch.randn(16, 3, dtype=torch.float64, requires_grad=True)
+    s = torch.rand(3, dtype=torch.float64, requires_grad=True)
+
+    def f_t5(w):
+        return pn.relative_position_bias(w, 7, 40, bidirectional=False, max_distance=20, query_offset=5)
+
+    def f_alibi(s):
+        return pn.alibi_bias(s, 6, 9, query_offset=3)
+
+    assert torch.autograd.gradcheck(f_t5, (w,))
+    assert torch.autograd.gradgradcheck(f_t5, (w,))
+    assert torch.autograd.gradcheck(f_alibi, (s,))
+    assert torch.autograd.gradgradcheck(f_alibi, (s,))
+
+
+# ------------------------------------------------------------------------------------------------
+# ALiBi
+
+
+@pytest.mark.parametrize("heads", range(1, 65))
+def test_slopes_equal_bloom_mpt_and_the_paper(heads):
+    ours = pn.alibi_slopes(heads)
+    assert ours.dtype == torch.float32 and ours.shape == (heads,)
+    bloom = bloom_slopes(heads, torch.device("cpu"))
+    mpt = -build_mpt_alibi_tensor(heads, 2)[:, 0, 0]  # [H, 1, L]: slope * (j - (L - 1)); j = 0, L = 2
+    paper = reference.alibi_slopes(heads)  # the paper's own recursive code, float64
+    assert torch.equal(ours, paper.float())  # one rounding of the exact value
+    assert torch.equal(ours, mpt)  # MPT: 1 / 2^(k * 8 / c) in float32, exact for every head count here
+    # BLOOM raises a float32-rounded base to the k-th power (k <= 64): its relative error is up to
+    # k times the base's rounding (2^-24), so it differs from the exact slopes by that much.
+    torch.testing.assert_close(ours, bloom, rtol=64 * 2.0 ** -24, atol=0)
+    assert len(set(ours.tolist())) == heads and bool((ours > 0).all() and (ours < 1).all())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-7), (torch.bfloat16, 4e-3), (torch.float16, 5e-4),
+                                       (torch.float64, 0.0)])
+def test_alibi_bias_equals_float64_reference(device, dtype, tol):
+    slopes = pn.alibi_slopes(12).to(device)
+    for lq, lk, off in [(50, 70, 0), (1, 300, 299), (20, 20, -3), (0, 5, 0)]:
+        got = pn.alibi_bias(slopes, lq, lk, query_offset=off, dtype=dtype)
+        assert got.shape == (1, 12, lq, lk) and got.dtype == dtype
+        want = reference.alibi_bias(slopes, lq, lk, query_offset=off)
+        err = (got.double() - want).abs()
+        assert bool((err <= tol * want.abs() + 1e-300).all()), err.max()
+    assert pn.alibi_bias(slopes.double(), 3, 4).dtype == torch.float64
+
+
+def test_alibi_under_causal_softmax_equals_bloom_and_mpt():
+    heads, L = 6, 40
+    slopes = pn.alibi_slopes(heads)
+    scores = torch.randn(1, heads, L, L, dtype=torch.float64)
+    causal = torch.full((L, L), float("-inf"), dtype=torch.float64).triu(1)
+    ours = torch.softmax(scores + pn.alibi_bias(slopes, L, L).double() + causal, -1)
+    bloom = transformers.models.bloom.modeling_bloom.build_alibi_tensor(torch.ones(1, L, dtype=torch.long), heads,
+                                                                         torch.float32)  # [H, 1, L]: slope * j
+    mpt = build_mpt_alibi_tensor(heads, L)  # [H, 1, L]: slope * (j - L + 1)
+    for theirs in (bloom, mpt):
+        want = torch.softmax(scores + theirs.double().unsqueeze(0) + causal, -1)
+        torch.testing.assert_close(ours, want, rtol=1e-6, atol=1e-7)
+
+
+def test_alibi_gradient_equals_float64_autograd():
+    s = pn.alibi_slopes(8).double().requires_grad_()
+    s32 = s.detach().float().requires_grad_()
+    g = torch.randn(1, 8, 100, 130).double()
+    want = torch.autograd.grad(reference.alibi_bias(s, 100, 130, query_offset=30), s, g)[0]
+    got = torch.autograd.grad(pn.alibi_bias(s32, 100, 130, query_offset=30), s32, g.float())[0]
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-3)
+    # a float32 output from float64 slopes: the gradient comes back as float64
+    got = torch.autograd.grad(pn.alibi_bias(s, 100, 130, query_offset=30, dtype=torch.float32), s, g.float())[0]
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-3)
+
+
+# ------------------------------------------------------------------------------------------------
+# Modules
+
+
+def test_t5_module_loads_t5_weight_as_is():
+    attn = t5_attention(heads=4, decoder=True, seed=3)
+    module = pn.T5RelativePositionBias(4, bidirectional=False)
+    module.load_state_dict({"relative_attention_bias.weight": attn.relative_attention_bias.weight.detach()})
+    assert torch.equal(module(10, 30, 20), attn.compute_bias(10, 30, past_seen_tokens=20))
+    shared = pn.T5RelativePositionBias.from_t5(attn)
+    assert shared.relative_attention_bias.weight is attn.relative_attention_bias.weight
+    assert torch.equal(shared(7, 7), attn.compute_bias(7, 7))
+    assert "bidirectional=False" in repr(shared)
+
+
+def test_alibi_module():
+    m = pn.ALiBi(12)
+    assert torch.equal(m.slopes, pn.alibi_slopes(12)) and "slopes" not in m.state_dict()
+    assert torch.equal(m(5, 9, 4), pn.alibi_bias(pn.alibi_slopes(12), 5, 9, query_offset=4))
+    assert m(5, 9, dtype=torch.bfloat16).dtype == torch.bfloat16
+
+
+# ------------------------------------------------------------------------------------------------
+# FlexAttention score mods
+
+
+def _qkv(heads, lq, lk, seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(2, heads, lq, 16, generator=g), torch.randn(2, heads, lk, 16, generator=g),
+            torch.randn(2, heads, lk, 16, generator=g))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("decoder", [False, True])
+def test_t5_score_mod_equals_sdpa_with_the_bias(decoder):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    heads, lq, lk, off = 4, 19, 150, 131
+    q, k, v = _qkv(heads, lq, lk, 5)
+    w = torch.randn(32, heads, requires_grad=True)
+    mod = pn.flex.t5_score_mod(w, lq, lk, bidirectional=not decoder, query_offset=off)
+    out = flex_attention(q, k, v, score_mod=mod)
+    bias = pn.relative_position_bias(w, lq, lk, bidirectional=not decoder, query_offset=off)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    g = torch.randn_like(out)
+    torch.testing.assert_close(torch.autograd.grad(out, w, g)[0], torch.autograd.grad(want, w, g)[0],
+                               rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_alibi_score_mod_equals_sdpa_with_the_bias():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    heads, lq, lk, off = 6, 12, 40, 28
+    q, k, v = _qkv(heads, lq, lk, 6)
+    slopes = pn.alibi_slopes(heads).requires_grad_()
+    out = flex_attention(q, k, v, score_mod=pn.flex.alibi_score_mod(slopes, query_offset=off))
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=pn.alibi_bias(slopes, lq, lk, query_offset=off))
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    g = torch.randn_like(out)
+    torch.testing.assert_close(torch.autograd.grad(out, slopes, g)[0], torch.autograd.grad(want, slopes, g)[0],
+                               rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_score_mods_under_compiled_flex_attention():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    heads, lq, lk = 2, 16, 24
+    q, k, v = _qkv(heads, lq, lk, 7)
+    w = torch.randn(32, heads)
+    slopes = pn.alibi_slopes(heads)
+    # dynamic=False: a recompile with dynamic shapes hits an inductor bug in torch 2.14's CPU flex
+    # template (generated C++ names an undeclared cur_qSplitSize), whatever the score mod.
+    compiled = torch.compile(flex_attention, fullgraph=True, dynamic=False)
+    out = compiled(q, k, v, score_mod=pn.flex.t5_score_mod(w, lq, lk, query_offset=lk - lq))
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=pn.relative_position_bias(w, lq, lk, query_offset=lk - lq))
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    out = compiled(q, k, v, score_mod=pn.flex.alibi_score_mod(slopes))
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=pn.alibi_bias(slopes, lq, lk))
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# opcheck, torch.compile, torch.export, TorchScript
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    g = torch.Generator().manual_seed(8)
+    w = torch.randn(32, 4, generator=g).to(device).requires_grad_()
+    s = torch.rand(4, generator=g).to(device).requires_grad_()
+    grad = torch.randn(1, 4, 9, 13, generator=g).to(device)
+    rp = torch.randint(-500, 500, (7, 11), generator=g).to(device)
+    samples = [
+        ("t5_relative_position_bucket", (rp, True, 32, 128)),
+        ("t5_relative_position_bucket", (rp.int(), False, 16, 40)),
+        ("relative_position_bias", (w, 9, 13, True, 32, 128, 4)),
+        ("relative_position_bias", (w, 1, 300, False, 32, 100, 299)),
+        ("relative_position_bias_backward", (grad, True, 32, 128, 4)),
+        ("alibi_bias", (s, 9, 13, 4, None)),
+        ("alibi_bias", (s, 5, 3, 0, torch.bfloat16)),
+        ("alibi_bias_backward", (grad, 4)),
+    ]
+    for name, args in samples:
+        torch.library.opcheck(getattr(torch.ops.posenc, name).default, args)
+
+
+class BiasedAttention(nn.Module):
+    """Attention whose scores get a T5 bias (encoder) or ALiBi (causal) from the modules."""
+
+    def __init__(self, heads: int = 4, head_dim: int = 8, kind: str = "t5") -> None:
+        super().__init__()
+        self.heads, self.head_dim, self.kind = heads, head_dim, kind
+        self.qkv = nn.Linear(heads * head_dim, 3 * heads * head_dim)
+        self.t5 = pn.T5RelativePositionBias(heads)
+        self.alibi = pn.ALiBi(heads)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        if self.kind == "t5":
+            bias = self.t5(s, s)
+        else:
+            bias = self.alibi(s, s) + torch.full((s, s), float("-inf"), device=x.device).triu(1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias).transpose(1, 2).reshape(b, s, -1)
+
+
+@pytest.mark.parametrize("kind", ["t5", "alibi"])
+def test_compile_fullgraph_no_graph_breaks_dynamic_lengths(kind):
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch.manual_seed(9)
+    model = BiasedAttention(kind=kind)
+    explanation = torch._dynamo.explain(model)(torch.randn(2, 7, 32))
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, backend=counter, fullgraph=True, dynamic=True)
+    for s in (7, 11, 20):
+        x = torch.randn(2, s, 32, requires_grad=True)
+        out = compiled(x)
+        torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-6)
+        out.sum().backward()
+    assert counter.frame_count == 1  # lengths are SymInts: one graph for every length
+    assert model.t5.relative_attention_bias.weight.grad is not None or kind == "alibi"
+
+
+def test_inductor_matches_eager():
+    torch.manual_seed(10)
+    model = BiasedAttention(kind="t5")
+    x = torch.randn(2, 9, 32)
+    compiled = torch.compile(model, fullgraph=True)
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+def test_export():
+    torch.manual_seed(11)
+    for kind in ("t5", "alibi"):
+        model = BiasedAttention(kind=kind).eval()
+        x = torch.randn(2, 9, 32)
+        seq = torch.export.Dim("seq", min=2, max=128)
+        ep = torch.export.export(model, (x,), dynamic_shapes={"x": {1: seq}})
+        names = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+        assert ("posenc.relative_position_bias.default" if kind == "t5" else "posenc.alibi_bias.default") in names
+        x2 = torch.randn(2, 17, 32)
+        torch.testing.assert_close(ep.module()(x2), model(x2), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning",
+                            "ignore:`torch.jit.save` is deprecated:FutureWarning",
+                            "ignore:`torch.jit.load` is deprecated:FutureWarning")
+def test_torchscript_modules_and_ops(tmp_path):
+    attn = t5_attention(heads=4, decoder=True, seed=12)
+    t5 = pn.T5RelativePositionBias.from_t5(attn)
+    alibi = pn.ALiBi(4)
+    for module, args, want in ((t5, (3, 40, 37), attn.compute_bias(3, 40, past_seen_tokens=37)),
+                               (alibi, (3, 40, 37), pn.alibi_bias(pn.alibi_slopes(4), 3, 40, query_offset=37))):
+        scripted = torch.jit.script(module)
+        path = tmp_path / f"{type(module).__name__}.pt"
+        scripted.save(str(path))
+        loaded = torch.jit.load(str(path))
+        assert torch.equal(loaded(*args), want.detach())
+
+    @torch.jit.script
+    def buckets(rp: torch.Tensor) -> torch.Tensor:
+        return torch.ops.posenc.t5_relative_position_bucket(rp, True, 32, 128)
+
+    rp = torch.randint(-1000, 1000, (50,))
+    assert torch.equal(buckets(rp), hf_bucket(rp))
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad input: a clear error naming the argument
+
+
+def _bad_cases():
+    w = torch.randn(32, 4)
+    s = torch.rand(4)
+    rp = torch.arange(-5, 5)
+    T5 = pn.relative_position_bias
+    return [
+        (lambda: T5(torch.randn(31, 4), 4, 4), "num_buckets must be even"),
+        (lambda: T5(torch.randn(2, 4), 4, 4), "num_buckets must be >= 4"),
+        (lambda: T5(torch.randn(1, 4), 4, 4, bidirectional=False), "num_buckets must be >= 2"),
+        (lambda: T5(w, 4, 4, max_distance=8), "max_distance must be > 8"),
+        (lambda: T5(w, 4, 4, max_distance=16, bidirectional=False), "max_distance must be > 16"),
+        (lambda: T5(torch.randn(4, 32), 4, 4, num_buckets=32), "weight must be [num_buckets = 32, heads]"),
+        (lambda: T5(torch.randn(32), 4, 4, num_buckets=32), "weight must be [num_buckets = 32, heads]"),
+        (lambda: T5(w.long(), 4, 4), "weight must be float32"),
+        (lambda: T5(w, -1, 4), "query_length must be >= 0"),
+        (lambda: T5(w, 4, -2), "key_length must be >= 0"),
+        (lambda: pn.alibi_bias(s[None], 4, 4), "slopes must be 1-D [heads]"),
+        (lambda: pn.alibi_bias(s.int(), 4, 4), "slopes must be float32"),
+        (lambda: pn.alibi_bias(s, -3, 4), "query_length must be >= 0"),
+        (lambda: pn.alibi_bias(s, 3, 4, dtype=torch.int32), "dtype must be float32"),
+        (lambda: pn.t5_relative_position_bucket(rp.float()), "relative_position must be int32 or int64"),
+        (lambda: pn.t5_relative_position_bucket(rp, num_buckets=3), "num_buckets must be even"),
+        (lambda: pn.t5_relative_position_bucket(rp, max_distance=1), "max_distance must be > 8"),
+        (lambda: torch.ops.posenc.relative_position_bias_backward(torch.randn(4, 9, 9), True, 32, 128, 0),
+         "grad must be [1, heads, query_length, key_length]"),
+        (lambda: torch.ops.posenc.alibi_bias_backward(torch.randn(2, 4, 9, 9), 0),
+         "grad must be [1, heads, query_length, key_length]"),
+        (lambda: pn.alibi_slopes(0), "num_heads must be an int >= 1"),
+        (lambda: pn.T5RelativePositionBias(4, num_buckets=33), "num_buckets must be even"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_bad_cases())))
+def test_bad_input_names_the_argument(case):
+    fn, message = _bad_cases()[case]
+    with pytest.raises((RuntimeError, ValueError)) as info:
+        fn()
+    assert message in str(info.value)
+
+
+# ------------------------------------------------------------------------------------------------
+# The CUDA kernels' work items (one (i, j) per thread; one diagonal per thread; one output per
+# thread) run on the host against plain loops, so their indexing is checked without a GPU.
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_cuda_work_items_on_host(tmp_path):
+    torch_dir = Path(torch.__file__).resolve().parent
+    exe = tmp_path / "relative_bias_work_on_host_test"
+    build = subprocess.run(
+        ["g++", "-std=c++20", "-O1", f"-I{ROOT / 'csrc'}", f"-I{torch_dir / 'include'}",
+         str(ROOT / "tests" / "cpp" / "relative_bias_work_on_host_test.cpp"), "-o", str(exe), f"-L{torch_dir / 'lib'}",
+         "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}"],
+        capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr[-4000:]
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert " 0 failed" in run.stdout and "passed" in run.stdout
+
+
+# ------------------------------------------------------------------------------------------------
+# The `posenc` command (plots, the main job's rows) and the benchmark's smoke run
+
+
+def _posenc(*args: str) -> subprocess.CompletedProcess:
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "posenc_native", *args], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ))
+
+
+@pytest.mark.parametrize("what,extra", [
+    ("t5-buckets", ["--num-buckets", "64", "--max-distance", "256", "--heads", "6"]),
+    ("alibi", ["--heads", "12"]),
+])
+def test_plot_commands(tmp_path, what, extra):
+    pytest.importorskip("matplotlib")
+    import matplotlib.image
+
+    out = tmp_path / f"{what}.png"
+    proc = _posenc("plot", what, "--out", str(out), *extra)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert str(out) in proc.stdout
+    img = matplotlib.image.imread(str(out))
+    assert img.shape[0] >= 300 and img.shape[1] >= 800 and img.std() > 0.05
+    assert len({tuple(px) for px in img.reshape(-1, img.shape[-1])[::31].tolist()}) > 20  # lines in several colours
+
+
+def test_plot_t5_buckets_bad_argument_is_a_clear_error(tmp_path):
+    proc = _posenc("plot", "t5-buckets", "--out", str(tmp_path / "x.png"), "--num-buckets", "33")
+    assert proc.returncode == 2 and "num_buckets must be even" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_main_job_has_passing_rows_for_the_bias_ops():
+    proc = _posenc()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    for op in ("relative_position_bias ", "relative_position_bias bwd", "alibi_bias ", "alibi_bias bwd"):
+        for dtype in ("float32", "float16", "bfloat16"):
+            assert any(line.startswith(op) and " cpu " in line and f" {dtype} " in line and line.endswith("pass")
+                       for line in lines), f"no passing cpu/{dtype} row for {op!r}:\n{proc.stdout}"
+
+
+def test_bench_bias_quick_runs():
+    import sys
+
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_bias.py"), "--quick"], capture_output=True,
+                          text=True, timeout=600, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "command:  python benchmarks/bench_bias.py --quick" in out or "bench_bias.py --quick" in out
+    for name in ("relative_position_bias H=4 L=256 float32", "alibi_bias H=4 L=256 bfloat16",
+                 "transformers compute_bias + .contiguous()", "BLOOM build_alibi_tensor", "torch.empty + fill_"):
+        assert name in out, out
+    assert "goals met" in out

@@ -32,7 +32,8 @@ export POSENC_CUDA=ON POSENC_CUDA_ARCHS=${POSENC_CUDA_ARCHS:-90}
 step build python3 -m pip install -v --no-build-isolation --no-deps --force-reinstall . || { say "build failed"; exit 1; }
 step selfcheck python3 -m posenc_native
 step tests python3 -m pytest -q -p no:cacheprovider tests/test_rope.py tests/test_sinusoidal.py \
-  tests/test_compile_export.py -k "cuda or precision or opcheck or reduce_overhead" --hypothesis-seed=0
+  tests/test_compile_export.py tests/test_adversarial.py tests/test_relative_bias.py \
+  -k "cuda or precision or opcheck or reduce_overhead" --hypothesis-seed=0
 step bench python3 benchmarks/bench_gpu.py --out "$OUT/bench.md"
 # (a CPU dry run of the benchmark code: python3 benchmarks/bench_gpu.py --device cpu --tokens 256 --table-len 256 --x-seq 256)
 say "done"

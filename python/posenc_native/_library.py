@@ -124,7 +124,7 @@ def build_info() -> dict[str, Any]:
 
     Keys: ``version``, ``torch`` (the torch it was built against), ``cuda`` (bool: CUDA kernels
     compiled in), ``cuda_version``, ``cuda_archs`` (list), ``cxx_compiler``, ``cuda_compiler``,
-    ``cxx11_abi`` (bool), ``library`` (path).
+    ``cxx11_abi`` (bool), ``cpu_isa`` (the CPU path this process takes), ``library`` (path).
     """
     if _loaded_path is None:
         load_library()

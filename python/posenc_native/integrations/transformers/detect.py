@@ -1,0 +1,333 @@
+"""Generic detection: which rotary modules of a loaded model can be swapped, and which rotation
+functions can be routed to the fused kernel, each with equality *proven* before anything changes.
+
+For every ``*RotaryEmbedding`` module (the model-level module that computes ``(cos, sin)`` once per
+forward) and every layer type it serves:
+
+1. its forward must take ``(x, position_ids)`` or ``(x, position_ids, layer_type)``;
+2. :meth:`RopeConfig.from_hf` on the module's own config must give the frequencies and attention
+   factor the module holds (and, for dynamic NTK / LongRoPE, the ones transformers' own init
+   function gives past the original length);
+3. the probe: a copy of the module computes ``(cos, sin)`` at random positions, every rotation
+   function that an attention forward calls (``apply_rotary_pos_emb`` and kin, found in its
+   module's globals) rotates random q and k with them, and the fused kernel must give the same
+   values (to 1e-4) under one of the pairings of :data:`.families.PAIRINGS`, in every layout the
+   function accepts. That settles the signature, half-split vs interleaved, partial rotary and how
+   cos/sin are formed, from what the code does rather than from its name.
+
+A rotation function that matches no patched rotary module is left alone (a handle reaching it
+would fail loudly, never silently); one that matches some and not others makes :func:`plan`
+refuse. Nothing is changed here: :func:`plan` returns what :mod:`.` then swaps.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+import sys
+import types
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from ...config import RopeConfig
+from .families import PAIRINGS, Pairing
+from .rotations import RotationSpec, original_of, signature_params
+from .runtime import _ERR, Regime, UnsupportedModelError
+
+_PROBE_ATOL = 1e-4
+_ROTARY_FORWARDS = (("x", "position_ids"), ("x", "position_ids", "layer_type"))
+
+
+@dataclass
+class RotaryPlan:
+    path: str
+    module: nn.Module
+    regimes: dict[Optional[str], Regime]
+
+
+@dataclass
+class Plan:
+    """What :func:`patch` will swap: rotary modules by path, rotation functions by (module, name)."""
+
+    model_type: str
+    rotaries: list[RotaryPlan] = field(default_factory=list)
+    rotations: dict[tuple[str, str], RotationSpec] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)  # what was left alone, and why
+
+    def describe(self) -> str:
+        lines = [f"model type {self.model_type!r}:"]
+        for r in self.rotaries:
+            for lt, g in r.regimes.items():
+                lines.append(f"  swap {r.path} ({type(r.module).__name__}){'' if lt is None else f' [{lt}]'}: "
+                             f"{g.rope_type}, rotary_dim {g.rotary_dim}, attention_factor {g.attention_factor:g}")
+        for (mod, name), spec in self.rotations.items():
+            pairing = "interleaved" if spec.interleaved else "half-split"
+            lines.append(f"  route {mod.rsplit('.', 1)[-1]}.{name} ({spec.kind}, {pairing}"
+                         f"{', de-interleaved output' if spec.deinterleave else ''})")
+        lines += [f"  leave {s}" for s in self.skipped]
+        return "\n".join(lines)
+
+
+def _forward_code(cls: type) -> Optional[types.CodeType]:
+    fn = inspect.unwrap(getattr(cls, "forward", None) or (lambda: None))
+    return getattr(fn, "__code__", None)
+
+
+def _is_hf(m: nn.Module) -> bool:
+    return type(m).__module__.startswith("transformers.")
+
+
+def _rotation_functions(model: nn.Module) -> dict[tuple[str, str], Callable]:
+    """Functions named like a rotation (``*rotary*``/``*rope*``) that a forward taking
+    ``position_embeddings`` calls, resolved in its module's globals (unwrapped if posenc wrapped them)."""
+    found: dict[tuple[str, str], Callable] = {}
+    seen: set[type] = set()
+    for _, m in model.named_modules():
+        cls = type(m)
+        if cls in seen or not _is_hf(m):
+            continue
+        seen.add(cls)
+        code = _forward_code(cls)
+        if code is None or "position_embeddings" not in code.co_varnames:
+            continue
+        module = sys.modules.get(cls.__module__)
+        for name in code.co_names:
+            low = name.lower()
+            if "rotary" not in low and "rope" not in low:
+                continue
+            fn = getattr(module, name, None)
+            if isinstance(fn, types.FunctionType):
+                found[(cls.__module__, name)] = original_of(fn)
+    return found
+
+
+def _layer_types(hf_rotary: nn.Module) -> list[Optional[str]]:
+    params = [p for p in signature_params(type(hf_rotary).forward) if p != "self"]
+    if tuple(params) not in _ROTARY_FORWARDS:
+        raise UnsupportedModelError(f"its forward takes ({', '.join(params)}), not (x, position_ids[, layer_type])")
+    if "layer_type" not in params:
+        return [None]
+    rope_type = getattr(hf_rotary, "rope_type", None)
+    if not isinstance(rope_type, dict) or not rope_type:
+        raise UnsupportedModelError("it takes layer_type but has no rope_type per layer type")
+    return sorted(rope_type)
+
+
+def _attr(hf_rotary: nn.Module, lt: Optional[str], name: str):
+    return getattr(hf_rotary, name if lt is None else f"{lt}_{name}", None)
+
+
+def _rel_err(ours: torch.Tensor, theirs: torch.Tensor) -> float:
+    ours, theirs = ours.detach().to("cpu", torch.float64), theirs.detach().to("cpu", torch.float64)
+    if ours.shape != theirs.shape:
+        return float("inf")
+    return ((ours - theirs).abs() / theirs.abs().clamp_min(1e-30)).max().item() if ours.numel() else 0.0
+
+
+def _check_frequencies(what: str, ours: torch.Tensor, theirs: torch.Tensor, where: str) -> None:
+    err = _rel_err(ours, theirs)
+    if err > 1e-5:
+        raise ValueError(
+            f"{_ERR}: {where}: RopeConfig.from_hf's {what} disagree with the model's own rotary embedding (shape "
+            f"{tuple(ours.shape)} vs {tuple(theirs.shape)}, max relative difference {err:.3g}); not patching. "
+            "Pass check=False to patch anyway.")
+
+
+def _check_regime(cfg, hf_rotary: nn.Module, lt: Optional[str], rope: RopeConfig, regime: Regime, where: str) -> None:
+    """RopeConfig.from_hf against what the model's own module computed (frequencies, attention factor)."""
+    theirs = _attr(hf_rotary, lt, "original_inv_freq")
+    if theirs is None:
+        theirs = _attr(hf_rotary, lt, "inv_freq")
+    if not isinstance(theirs, torch.Tensor) or theirs.is_meta:
+        return  # nothing materialised to compare with
+    rope_type = regime.rope_type
+    if regime.mode == "dynamic":
+        _check_frequencies("frequencies", rope.inv_freq(seq_len=regime.original_max_seq_len), theirs, where)
+    elif regime.mode == "longrope":
+        _check_frequencies("short-factor frequencies", rope.inv_freq(seq_len=regime.original_max_position_embeddings),
+                           theirs, where)
+    else:
+        _check_frequencies("frequencies", rope.inv_freq(seq_len=None), theirs, where)
+    if regime.mode != "static":
+        # the sequence-length-dependent branch, computed by transformers' own init function
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        init = ROPE_INIT_FUNCTIONS.get(rope_type)
+        if init is not None:
+            seq_len = (regime.original_max_position_embeddings + 1 if regime.mode == "longrope"
+                       else 2 * regime.original_max_seq_len + 3)
+            their_long, _ = init(cfg, None, seq_len=seq_len)
+            _check_frequencies(f"frequencies at seq_len={seq_len}", rope.inv_freq(seq_len=seq_len), their_long, where)
+    theirs_af = float(_attr(hf_rotary, lt, "attention_scaling") or 1.0)
+    if abs(regime.attention_factor - theirs_af) > 1e-6 * max(1.0, abs(theirs_af)):
+        raise ValueError(
+            f"{_ERR}: {where}: RopeConfig.from_hf's attention_factor {regime.attention_factor!r} disagrees with the "
+            f"model's attention_scaling {theirs_af!r}; not patching. Pass check=False to patch anyway.")
+
+
+def _regimes(model: nn.Module, path: str, hf_rotary: nn.Module, check: bool) -> dict[Optional[str], Regime]:
+    cfg = getattr(hf_rotary, "config", None) or model.config
+    regimes: dict[Optional[str], Regime] = {}
+    for lt in _layer_types(hf_rotary):
+        where = f"{path}{'' if lt is None else f' [{lt}]'}"
+        rope_type = hf_rotary.rope_type if lt is None else hf_rotary.rope_type[lt]
+        if not isinstance(rope_type, str):
+            raise UnsupportedModelError(f"its rope_type is {rope_type!r}")
+        buf = _attr(hf_rotary, lt, "inv_freq")
+        if not isinstance(buf, torch.Tensor):
+            raise UnsupportedModelError("it holds no inv_freq buffer")
+        if lt is not None and rope_type not in ("default", "linear", "yarn", "llama3", "proportional"):
+            raise UnsupportedModelError(f"rope_type {rope_type!r} per layer type (sequence-length dependent)")
+        try:
+            rope = RopeConfig.from_hf(cfg, layer_type=lt)
+        except (NotImplementedError, ValueError, KeyError, TypeError) as e:
+            raise UnsupportedModelError(f"RopeConfig.from_hf cannot read its configuration: {e}") from e
+        lo = None
+        if rope_type == "longrope":
+            params = cfg.rope_parameters if lt is None else cfg.rope_parameters[lt]
+            lo = params.get("original_max_position_embeddings")
+            if lo is None:
+                raise UnsupportedModelError("its longrope config has no original_max_position_embeddings")
+        if 2 * int(buf.shape[-1]) != rope.rotary_dim:
+            raise ValueError(f"{_ERR}: {where}: RopeConfig.from_hf gives rotary_dim {rope.rotary_dim} but the model "
+                             f"rotates {2 * int(buf.shape[-1])} dims")
+        regime = Regime(rope, rope_type, rope.interleaved, hf_rotary, lo)
+        if check:
+            _check_regime(cfg, hf_rotary, lt, rope, regime, where)
+        regimes[lt] = regime
+    return regimes
+
+
+# --------------------------------------------------------------------------------------------
+# The probe
+
+
+def _kind(params: tuple[str, ...]) -> Optional[str]:
+    if len(params) >= 4 and params[2:4] == ("cos", "sin"):
+        return "qk"
+    if len(params) >= 3 and params[1:3] == ("cos", "sin"):
+        return "x"
+    return None
+
+
+@torch.no_grad()
+def _probe_one(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.Module, lt: Optional[str],
+               head_dim: int) -> Optional[Pairing]:
+    """The pairing under which the fused kernel reproduces ``fn`` fed by ``hf_rotary`` (None: none does)."""
+    probe = copy.deepcopy(hf_rotary)  # the module's dynamic state must not move
+    buf = _attr(probe, lt, "inv_freq")
+    device = buf.device
+    g = torch.Generator().manual_seed(1234)
+    batch, seq = 2, 7
+    pos = torch.randint(0, 60, (batch, seq), generator=g).to(device)
+    x = torch.zeros(batch, seq, 8, device=device)
+    try:
+        cos, sin = probe(x, pos) if lt is None else probe(x, pos, lt)
+    except Exception:  # noqa: BLE001 - any failure means "not of the supported shape"
+        return None
+    inv_freq = _attr(probe, lt, "inv_freq").to(torch.float64)
+    af = float(_attr(probe, lt, "attention_scaling") or 1.0)
+    if head_dim < 2 * inv_freq.shape[-1]:
+        return None
+    layouts = (1, 2) if "unsqueeze_dim" in params else (1,)
+    q0 = torch.randn(batch, 3, seq, head_dim, generator=g).to(device)
+    k0 = torch.randn(batch, 2, seq, head_dim, generator=g).to(device)
+    from .rotations import _deinterleave
+
+    for pairing in PAIRINGS:
+        ok = True
+        for ud in layouts:
+            q, k = (q0, k0) if ud == 1 else (q0.transpose(1, 2).contiguous(), k0.transpose(1, 2).contiguous())
+            layout = "bhsd" if ud == 1 else "bshd"
+            kw = {"unsqueeze_dim": ud} if ud != 1 else {}
+            try:
+                if kind == "qk":
+                    theirs = fn(q, k, cos, sin, **kw)
+                else:
+                    theirs = (fn(q, cos, sin, **kw), fn(k, cos, sin, **kw))
+                if not (isinstance(theirs, tuple) and len(theirs) == 2):
+                    return None
+            except Exception:  # noqa: BLE001
+                return None
+            ours = torch.ops.posenc.rope(q, k, pos, None, inv_freq, af, pairing.interleaved, layout, 0, False)
+            if pairing.deinterleave:
+                ours = tuple(_deinterleave(t, 2 * inv_freq.shape[-1]) for t in ours)
+            for a, b in zip(ours, theirs):
+                if not isinstance(b, torch.Tensor) or a.shape != b.shape or \
+                        (a - b.to(a.dtype)).abs().max().item() > _PROBE_ATOL:
+                    ok = False
+        if ok:
+            return pairing
+    return None
+
+
+def plan(model: nn.Module, model_type: str, check: bool) -> Plan:
+    """Detect (and prove) what can be swapped in ``model``; raises :class:`UnsupportedModelError`
+    naming the reason when nothing can, or ``ValueError`` when the config and the model disagree."""
+    result = Plan(model_type)
+    rotaries = [(n, m) for n, m in model.named_modules() if _is_hf(m) and type(m).__name__.endswith("RotaryEmbedding")]
+    if not rotaries:
+        raise UnsupportedModelError(f"{_ERR}: model type {model_type!r}: found no transformers *RotaryEmbedding module")
+    candidates: list[tuple[str, nn.Module, dict[Optional[str], Regime]]] = []
+    reasons: list[str] = []
+    for path, hf_rotary in rotaries:
+        if not path:
+            raise UnsupportedModelError(f"{_ERR}: patch the model that holds the rotary embedding, not the rotary "
+                                        "embedding itself")
+        try:
+            candidates.append((path, hf_rotary, _regimes(model, path, hf_rotary, check)))
+        except UnsupportedModelError as e:
+            reasons.append(f"{path} ({type(hf_rotary).__name__}): {e}")
+    functions = _rotation_functions(model)
+    if not functions:
+        reasons.append("no forward taking position_embeddings calls an apply_rotary*/rope function")
+
+    # per function: the pairing it matches with, and the rotary modules (paths) it does and does not match
+    probed: dict[tuple[str, str], tuple[RotationSpec, set[str], set[str]]] = {}
+    for (mod, name), fn in functions.items():
+        params = signature_params(fn)
+        kind = _kind(params)
+        short = f"{mod.rsplit('.', 1)[-1]}.{name}"
+        if kind is None:
+            result.skipped.append(f"{short}: signature ({', '.join(params)}) is not (q, k, cos, sin, ...) or "
+                                  "(x, cos, sin, ...)")
+            continue
+        found: dict[Pairing, set[str]] = {}
+        misses: set[str] = set()
+        for path, hf_rotary, regimes in candidates:  # a module matches when all its layer types do, alike
+            got = {_probe_one(fn, kind, params, hf_rotary, lt, max(regime.rope.head_dim, regime.rotary_dim))
+                   for lt, regime in regimes.items()}
+            if len(got) == 1 and None not in got:
+                found.setdefault(got.pop(), set()).add(path)
+            else:
+                misses.add(path)
+        if not found:
+            result.skipped.append(f"{short}: the fused kernel reproduces it for no rotary module of this model")
+            continue
+        if len(found) > 1:
+            raise UnsupportedModelError(f"{_ERR}: model type {model_type!r}: {short} matches the fused kernel with "
+                                        "different pairings for different rotary modules; not patching")
+        (pairing, paths), = found.items()
+        probed[(mod, name)] = (RotationSpec(kind, params, pairing.interleaved, pairing.deinterleave), paths, misses)
+    # a rotary module is swapped when some function matches it; then every function it may feed must match
+    # it too (a handle reaching a function it does not match would be rotated wrongly)
+    swapped = set().union(*(paths for _, paths, _ in probed.values())) if probed else set()
+    for (mod, name), (spec, paths, misses) in probed.items():
+        bad = misses & swapped
+        if bad:
+            raise UnsupportedModelError(
+                f"{_ERR}: model type {model_type!r}: {mod.rsplit('.', 1)[-1]}.{name} matches the fused kernel for "
+                f"some rotary modules but not for {', '.join(sorted(bad))}, which is swapped; not patching")
+        result.rotations[(mod, name)] = spec
+    for path, hf_rotary, regimes in candidates:
+        if path in swapped:
+            result.rotaries.append(RotaryPlan(path, hf_rotary, regimes))
+        else:
+            result.skipped.append(f"{path} ({type(hf_rotary).__name__}): no rotation function it feeds matches")
+    if not result.rotaries or not result.rotations:
+        why = "; ".join(reasons + result.skipped) or "nothing to swap"
+        raise UnsupportedModelError(f"{_ERR}: model type {model_type!r} cannot be patched with proven equality: {why}")
+    result.skipped[:0] = reasons
+    return result

@@ -15,9 +15,10 @@ forward) and every layer type it serves:
    function accepts. That settles the signature, half-split vs interleaved, partial rotary and how
    cos/sin are formed, from what the code does rather than from its name.
 
-A rotation function that matches no patched rotary module is left alone (a handle reaching it
-would fail loudly, never silently); one that matches some and not others makes :func:`plan`
-refuse. Nothing is changed here: :func:`plan` returns what :mod:`.` then swaps.
+The pairing is proven per (rotary module, function) and travels with the handle, so a function
+only ever rotates with a pairing proven for the module that fed it (else it refuses, loudly). A
+function that fails the probe for a swapped rotary module of its own modeling module makes
+:func:`plan` refuse. Nothing is changed here: :func:`plan` returns what :mod:`.` then swaps.
 """
 from __future__ import annotations
 
@@ -62,10 +63,8 @@ class Plan:
             for lt, g in r.regimes.items():
                 lines.append(f"  swap {r.path} ({type(r.module).__name__}){'' if lt is None else f' [{lt}]'}: "
                              f"{g.rope_type}, rotary_dim {g.rotary_dim}, attention_factor {g.attention_factor:g}")
-        for (mod, name), spec in self.rotations.items():
-            pairing = "interleaved" if spec.interleaved else "half-split"
-            lines.append(f"  route {mod.rsplit('.', 1)[-1]}.{name} ({spec.kind}, {pairing}"
-                         f"{', de-interleaved output' if spec.deinterleave else ''})")
+                for (mod, name), pairing in g.routes.items():
+                    lines.append(f"    through {mod.rsplit('.', 1)[-1]}.{name}: {pairing.name}")
         lines += [f"  leave {s}" for s in self.skipped]
         return "\n".join(lines)
 
@@ -284,48 +283,49 @@ def plan(model: nn.Module, model_type: str, check: bool) -> Plan:
     if not functions:
         reasons.append("no forward taking position_embeddings calls an apply_rotary*/rope function")
 
-    # per function: the pairing it matches with, and the rotary modules (paths) it does and does not match
-    probed: dict[tuple[str, str], tuple[RotationSpec, set[str], set[str]]] = {}
+    # Probe every (function, rotary module, layer type). A function may serve rotary modules of its own
+    # modeling module only if it is proven for all of them that are swapped (an attention there is fed
+    # by them); across modules a handle carries the pairings proven for it, and a function it was not
+    # proven for refuses it at run time.
+    proven: dict[tuple[str, str], dict[tuple[str, Optional[str]], Pairing]] = {}
+    failed: dict[tuple[str, str], set[str]] = {}
+    specs: dict[tuple[str, str], RotationSpec] = {}
     for (mod, name), fn in functions.items():
         params = signature_params(fn)
         kind = _kind(params)
         short = f"{mod.rsplit('.', 1)[-1]}.{name}"
         if kind is None:
-            result.skipped.append(f"{short}: signature ({', '.join(params)}) is not (q, k, cos, sin, ...) or "
-                                  "(x, cos, sin, ...)")
-            continue
-        found: dict[Pairing, set[str]] = {}
-        misses: set[str] = set()
-        for path, hf_rotary, regimes in candidates:  # a module matches when all its layer types do, alike
-            got = {_probe_one(fn, kind, params, hf_rotary, lt, max(regime.rope.head_dim, regime.rotary_dim))
-                   for lt, regime in regimes.items()}
-            if len(got) == 1 and None not in got:
-                found.setdefault(got.pop(), set()).add(path)
-            else:
-                misses.add(path)
-        if not found:
-            result.skipped.append(f"{short}: the fused kernel reproduces it for no rotary module of this model")
-            continue
-        if len(found) > 1:
-            raise UnsupportedModelError(f"{_ERR}: model type {model_type!r}: {short} matches the fused kernel with "
-                                        "different pairings for different rotary modules; not patching")
-        (pairing, paths), = found.items()
-        probed[(mod, name)] = (RotationSpec(kind, params, pairing.interleaved, pairing.deinterleave), paths, misses)
-    # a rotary module is swapped when some function matches it; then every function it may feed must match
-    # it too (a handle reaching a function it does not match would be rotated wrongly)
-    swapped = set().union(*(paths for _, paths, _ in probed.values())) if probed else set()
-    for (mod, name), (spec, paths, misses) in probed.items():
-        bad = misses & swapped
+            raise UnsupportedModelError(
+                f"{_ERR}: model type {model_type!r}: {short}, called by an attention with position_embeddings, "
+                f"takes ({', '.join(params)}), not (q, k, cos, sin, ...) or (x, cos, sin, ...)")
+        specs[(mod, name)] = RotationSpec(kind, params)
+        for path, hf_rotary, regimes in candidates:
+            for lt, regime in regimes.items():
+                pairing = _probe_one(fn, kind, params, hf_rotary, lt, max(regime.rope.head_dim, regime.rotary_dim))
+                if pairing is not None:
+                    proven.setdefault((mod, name), {})[(path, lt)] = pairing
+                elif type(hf_rotary).__module__ == mod:
+                    failed.setdefault((mod, name), set()).add(path)
+    # a rotary module is swapped when every layer type of it is proven for some function
+    swapped = {path for path, _, regimes in candidates
+               if regimes and all(any((path, lt) in p for p in proven.values()) for lt in regimes)}
+    for key, paths in failed.items():
+        bad = paths & swapped
         if bad:
             raise UnsupportedModelError(
-                f"{_ERR}: model type {model_type!r}: {mod.rsplit('.', 1)[-1]}.{name} matches the fused kernel for "
-                f"some rotary modules but not for {', '.join(sorted(bad))}, which is swapped; not patching")
-        result.rotations[(mod, name)] = spec
+                f"{_ERR}: model type {model_type!r}: {key[0].rsplit('.', 1)[-1]}.{key[1]}, called by an attention "
+                f"with position_embeddings, is not reproduced by the fused kernel (with any pairing) for "
+                f"{', '.join(sorted(bad))}; not patching")
     for path, hf_rotary, regimes in candidates:
-        if path in swapped:
-            result.rotaries.append(RotaryPlan(path, hf_rotary, regimes))
-        else:
-            result.skipped.append(f"{path} ({type(hf_rotary).__name__}): no rotation function it feeds matches")
+        if path not in swapped:
+            result.skipped.append(f"{path} ({type(hf_rotary).__name__}): no rotation function matches it")
+            continue
+        for lt, regime in regimes.items():
+            regime.routes.update({key: p[(path, lt)] for key, p in proven.items() if (path, lt) in p})
+        result.rotaries.append(RotaryPlan(path, hf_rotary, regimes))
+    for key, p in proven.items():
+        if any(path in swapped for path, _ in p):
+            result.rotations[key] = specs[key]
     if not result.rotaries or not result.rotations:
         why = "; ".join(reasons + result.skipped) or "nothing to swap"
         raise UnsupportedModelError(f"{_ERR}: model type {model_type!r} cannot be patched with proven equality: {why}")

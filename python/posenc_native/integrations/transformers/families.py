@@ -94,13 +94,14 @@ class _GPTJSinCos:
 class _GPTJRotary:
     """The per-attention ``_get_embed_positions`` override of a patched GPT-J."""
 
-    def __init__(self, freqs: FrequencyCache, attention_factor: float):
+    def __init__(self, freqs: FrequencyCache, attention_factor: float, routes: dict):
         self.freqs = freqs
         self.attention_factor = attention_factor
+        self.routes = routes
 
     def __call__(self, position_ids: torch.Tensor) -> _GPTJSinCos:
         inv_freq = self.freqs.on(position_ids.device)
-        return _GPTJSinCos(RotaryPositions(position_ids, inv_freq, self.attention_factor, True))
+        return _GPTJSinCos(RotaryPositions(position_ids, inv_freq, self.attention_factor, True, self.routes))
 
 
 def gptj(model: nn.Module, record: "PatchRecord", check: bool) -> None:
@@ -136,8 +137,8 @@ def gptj(model: nn.Module, record: "PatchRecord", check: bool) -> None:
         if float(rope.attention_factor) != 1.0:
             raise ValueError(f"{_ERR}: GPT-J has no attention factor, but RopeConfig.from_hf gives "
                              f"{rope.attention_factor}")
-    rotary = _GPTJRotary(freqs, float(rope.attention_factor))
-    record.route(module_name, "apply_rotary_pos_emb", RotationSpec("gptj", ("tensor", "sin", "cos"), True))
+    rotary = _GPTJRotary(freqs, float(rope.attention_factor), {(module_name, "apply_rotary_pos_emb"): PAIRINGS[1]})
+    record.route(module_name, "apply_rotary_pos_emb", RotationSpec("gptj", ("tensor", "sin", "cos")))
     for name, _ in attentions:
         record.override(model, name, _GPTJ_OVERRIDE, rotary)
 

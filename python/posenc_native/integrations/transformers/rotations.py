@@ -21,7 +21,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .runtime import _ERR, RotaryPositions
+from .runtime import _ERR, RotaryPositions, UnsupportedModelError
 
 _LAYOUTS = {1: "bhsd", 2: "bshd"}
 
@@ -31,16 +31,12 @@ class RotationSpec:
     """How a rotation function is called and what it returns, as established by the probe.
 
     kind: ``"qk"`` (``f(q, k, cos, sin, ...) -> (q, k)``), ``"x"`` (``f(x, cos, sin, ...) -> x``),
-    ``"gptj"`` (``f(tensor, sin, cos) -> tensor``, ``[B, S, H, R]``).
-    interleaved: pairs (2i, 2i+1) rather than (i, i + rotary_dim/2).
-    deinterleave: the function returns interleaved pairs rotated and laid out ``[evens | odds]``
-    (DeepSeek's ``apply_rotary_pos_emb_interleave``); the fused result is permuted to match.
+    ``"gptj"`` (``f(tensor, sin, cos) -> tensor``, ``[B, S, H, R]``). The pairing is not here: it was
+    proven per (rotary module, function) and travels in the handle (``RotaryPositions.routes``).
     """
 
     kind: str
     params: tuple[str, ...]
-    interleaved: bool = False
-    deinterleave: bool = False
 
     @property
     def handle_index(self) -> int:
@@ -54,7 +50,7 @@ def _deinterleave(x: torch.Tensor, rotary_dim: int) -> torch.Tensor:
     return torch.cat(parts, dim=-1)
 
 
-def make_wrapper(original: Callable, spec: RotationSpec) -> Callable:
+def make_wrapper(original: Callable, spec: RotationSpec, key: tuple[str, str]) -> Callable:
     """The dispatcher installed in place of ``original``: the fused kernel when it receives a posenc
     handle, ``original`` otherwise."""
     params = spec.params
@@ -72,18 +68,23 @@ def make_wrapper(original: Callable, spec: RotationSpec) -> Callable:
             h = getattr(h, "_posenc_rotary", None)
         if not isinstance(h, RotaryPositions):
             return original(*args, **kwargs)
+        pairing = h.routes.get(key)
+        if pairing is None:
+            raise UnsupportedModelError(f"{_ERR}: {key[0]}.{key[1]} received rotary positions from a module "
+                                        "it was not proven to match at patch time; unpatch the model")
+        interleaved = pairing.interleaved
         if spec.kind == "gptj":
-            return h.rotate(arg(args, kwargs, 0), None, "bshd", spec.interleaved)[0]
+            return h.rotate(arg(args, kwargs, 0), None, "bshd", interleaved)[0]
         ud = arg(args, kwargs, ui, 1) if ui is not None else 1
         layout = _LAYOUTS.get(ud)
         if layout is None:
             raise ValueError(f"{_ERR}: {original.__name__} with unsqueeze_dim={ud} is not supported")
         if spec.kind == "x":
-            out = h.rotate(arg(args, kwargs, 0), None, layout, spec.interleaved)[0]
-            return _deinterleave(out, 2 * h.inv_freq.shape[-1]) if spec.deinterleave else out
+            out = h.rotate(arg(args, kwargs, 0), None, layout, interleaved)[0]
+            return _deinterleave(out, 2 * h.inv_freq.shape[-1]) if pairing.deinterleave else out
         q, k = arg(args, kwargs, 0), arg(args, kwargs, 1)
-        q_out, k_out = h.rotate(q, k, layout, spec.interleaved)
-        if spec.deinterleave:
+        q_out, k_out = h.rotate(q, k, layout, interleaved)
+        if pairing.deinterleave:
             r = 2 * h.inv_freq.shape[-1]
             q_out = _deinterleave(q_out, r)
             k_out = None if k_out is None else _deinterleave(k_out, r)
@@ -119,7 +120,7 @@ def install(module_name: str, name: str, spec: RotationSpec) -> None:
         current = getattr(module, name)
         if entry is None:
             current = original_of(current)  # a stale wrapper (module reloaded?)
-            wrapper = make_wrapper(current, spec)
+            wrapper = make_wrapper(current, spec, (module_name, name))
             setattr(module, name, wrapper)
             _INSTALLED[(module_name, name)] = [current, wrapper, 1]
             return

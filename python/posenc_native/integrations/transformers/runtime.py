@@ -33,13 +33,17 @@ class RotaryPositions:
     """Positions and frequencies of one forward pass: what a patched model passes where transformers
     passes ``(cos, sin)``. The rotation itself happens in :meth:`rotate` (one fused kernel)."""
 
-    __slots__ = ("positions", "inv_freq", "attention_factor", "interleaved")
+    __slots__ = ("positions", "inv_freq", "attention_factor", "interleaved", "routes")
 
-    def __init__(self, positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float, interleaved: bool):
+    def __init__(self, positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float, interleaved: bool,
+                 routes: Optional[dict] = None):
         self.positions = positions
         self.inv_freq = inv_freq
         self.attention_factor = float(attention_factor)
         self.interleaved = bool(interleaved)
+        # (module, function) -> Pairing proven for it at patch time; a rotation function not in here
+        # refuses the handle rather than guess
+        self.routes = routes or {}
 
     def rotate(self, q: torch.Tensor, k: Optional[torch.Tensor] = None, layout: str = "bhsd",
                interleaved: Optional[bool] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -115,6 +119,7 @@ class Regime:
         self.rope_type = rope_type
         self.attention_factor = float(rope.attention_factor)
         self.interleaved = bool(interleaved)
+        self.routes: dict = {}  # (module, function) -> Pairing, filled by detect.plan
         self._update_lock = threading.Lock()
         if "dynamic" in rope_type:  # transformers' test in dynamic_rope_update
             self.mode = "dynamic"
@@ -171,7 +176,7 @@ class Regime:
         else:  # one short/long choice for the whole batch, as transformers; chosen on the device (no sync)
             is_long = position_ids.max() + 1 > self.original_max_position_embeddings
             inv_freq = torch.where(is_long, self.long.on(device), self.freqs.on(device))
-        return RotaryPositions(position_ids, inv_freq, self.attention_factor, self.interleaved)
+        return RotaryPositions(position_ids, inv_freq, self.attention_factor, self.interleaved, self.routes)
 
 
 class PosencRotaryEmbedding(nn.Module):

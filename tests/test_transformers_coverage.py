@@ -55,7 +55,8 @@ _SMALL = dict(
     kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
     first_k_dense_replace=1, n_group=1, topk_group=1, sliding_window=64, depth=1, embed_dim=32, hidden_dim=64,
     linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
-    mamba_n_heads=4, mamba_d_head=16, mamba_d_state=16, ssm_state_size=16, mamba_d_conv=4,
+    mamba_n_heads=4, mamba_d_head=16, mamba_d_state=16, ssm_state_size=16, mamba_d_conv=4, mamba_expand=1,
+    H_cycles=1, L_cycles=1,
     num_key_value_groups=None, tie_word_embeddings=False, use_cache=True,
 )
 _SUBCONFIGS = ("text_config", "decoder_config", "language_config", "llm_config", "thinker_config", "talker_config",

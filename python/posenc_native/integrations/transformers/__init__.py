@@ -40,6 +40,7 @@ __all__ = [
     "patched",
     "is_patched",
     "check",
+    "describe",
     "supported_model_types",
     "RotaryPositions",
     "PosencRotaryEmbedding",

@@ -23,6 +23,8 @@ function that fails the probe for a swapped rotary module of its own modeling mo
 from __future__ import annotations
 
 import copy
+import dataclasses
+import dis
 import inspect
 import sys
 import types
@@ -34,7 +36,7 @@ from torch import nn
 
 from ...config import RopeConfig
 from .families import PAIRINGS, Pairing
-from .rotations import RotationSpec, original_of, signature_params
+from .rotations import RotationSpec, _deinterleave, original_of, signature_params
 from .runtime import _ERR, Regime, UnsupportedModelError
 
 _PROBE_ATOL = 1e-4
@@ -91,6 +93,10 @@ def _rotation_functions(model: nn.Module) -> dict[tuple[str, str], Callable]:
         code = _forward_code(cls)
         if code is None or "position_embeddings" not in code.co_varnames:
             continue
+        misuse = _handle_misuse(cls)
+        if misuse is not None:
+            raise UnsupportedModelError(f"{_ERR}: {misuse} (a patched model passes rotary positions there, not "
+                                        "tensors)")
         module = sys.modules.get(cls.__module__)
         for name in code.co_names:
             low = name.lower()
@@ -212,12 +218,15 @@ def _kind(params: tuple[str, ...]) -> Optional[str]:
 
 
 @torch.no_grad()
-def _probe_one(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.Module, lt: Optional[str],
-               head_dim: int) -> Optional[Pairing]:
-    """The pairing under which the fused kernel reproduces ``fn`` fed by ``hf_rotary`` (None: none does)."""
+def _probe_one(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.Module, lt: Optional[str]
+               ) -> Optional[Pairing]:
+    """The pairing under which the fused kernel reproduces ``fn`` fed by ``hf_rotary`` (None: none does).
+
+    Heads are probed as wide as the rotated part and 8 dims wider: a function that matches only at
+    the rotated width (it is handed the rotary slice, as DeepSeek's MLA does) gets a pairing that
+    refuses wider inputs at run time rather than rotate the wrong dims."""
     probe = copy.deepcopy(hf_rotary)  # the module's dynamic state must not move
-    buf = _attr(probe, lt, "inv_freq")
-    device = buf.device
+    device = _attr(probe, lt, "inv_freq").device
     g = torch.Generator().manual_seed(1234)
     batch, seq = 2, 7
     pos = torch.randint(0, 60, (batch, seq), generator=g).to(device)
@@ -228,37 +237,51 @@ def _probe_one(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.M
         return None
     inv_freq = _attr(probe, lt, "inv_freq").to(torch.float64)
     af = float(_attr(probe, lt, "attention_scaling") or 1.0)
-    if head_dim < 2 * inv_freq.shape[-1]:
-        return None
+    rotary_dim = 2 * inv_freq.shape[-1]
     layouts = (1, 2) if "unsqueeze_dim" in params else (1,)
-    q0 = torch.randn(batch, 3, seq, head_dim, generator=g).to(device)
-    k0 = torch.randn(batch, 2, seq, head_dim, generator=g).to(device)
-    from .rotations import _deinterleave
 
-    for pairing in PAIRINGS:
-        ok = True
+    def matches(pairing: Pairing, head_dim: int) -> bool:
+        q0 = torch.randn(batch, 3, seq, head_dim, generator=g).to(device)
+        k0 = torch.randn(batch, 2, seq, head_dim, generator=g).to(device)
         for ud in layouts:
             q, k = (q0, k0) if ud == 1 else (q0.transpose(1, 2).contiguous(), k0.transpose(1, 2).contiguous())
-            layout = "bhsd" if ud == 1 else "bshd"
             kw = {"unsqueeze_dim": ud} if ud != 1 else {}
             try:
-                if kind == "qk":
-                    theirs = fn(q, k, cos, sin, **kw)
-                else:
-                    theirs = (fn(q, cos, sin, **kw), fn(k, cos, sin, **kw))
-                if not (isinstance(theirs, tuple) and len(theirs) == 2):
-                    return None
+                theirs = fn(q, k, cos, sin, **kw) if kind == "qk" else (fn(q, cos, sin, **kw), fn(k, cos, sin, **kw))
             except Exception:  # noqa: BLE001
-                return None
-            ours = torch.ops.posenc.rope(q, k, pos, None, inv_freq, af, pairing.interleaved, layout, 0, False)
+                return False
+            if not (isinstance(theirs, tuple) and len(theirs) == 2):
+                return False
+            ours = torch.ops.posenc.rope(q, k, pos, None, inv_freq, af, pairing.interleaved,
+                                         "bhsd" if ud == 1 else "bshd", 0, False)
             if pairing.deinterleave:
-                ours = tuple(_deinterleave(t, 2 * inv_freq.shape[-1]) for t in ours)
+                ours = tuple(_deinterleave(t, rotary_dim) for t in ours)
             for a, b in zip(ours, theirs):
                 if not isinstance(b, torch.Tensor) or a.shape != b.shape or \
                         (a - b.to(a.dtype)).abs().max().item() > _PROBE_ATOL:
-                    ok = False
-        if ok:
-            return pairing
+                    return False
+        return True
+
+    for pairing in PAIRINGS:
+        if matches(pairing, rotary_dim):
+            return pairing if matches(pairing, rotary_dim + 8) else dataclasses.replace(
+                pairing, name=pairing.name + ", rotated slice only", rotary_only=True)
+    return None
+
+
+# Bytecode that, right after loading `cos` or `sin`, does something a handle cannot stand in for
+# (negation, indexing, arithmetic, an attribute or method): such a forward is refused.
+_MISUSE = {"UNARY_NEGATIVE", "BINARY_SUBSCR", "BINARY_OP", "LOAD_ATTR", "LOAD_METHOD", "COMPARE_OP"}
+
+
+def _handle_misuse(cls: type) -> Optional[str]:
+    code = _forward_code(cls)
+    if code is None:
+        return None
+    ins = list(dis.get_instructions(code))
+    for a, b in zip(ins, ins[1:]):
+        if a.opname.startswith("LOAD_FAST") and a.argval in ("cos", "sin") and b.opname in _MISUSE:
+            return f"{cls.__name__}.forward applies {b.opname.lower()} to {a.argval}"
     return None
 
 
@@ -301,7 +324,7 @@ def plan(model: nn.Module, model_type: str, check: bool) -> Plan:
         specs[(mod, name)] = RotationSpec(kind, params)
         for path, hf_rotary, regimes in candidates:
             for lt, regime in regimes.items():
-                pairing = _probe_one(fn, kind, params, hf_rotary, lt, max(regime.rope.head_dim, regime.rotary_dim))
+                pairing = _probe_one(fn, kind, params, hf_rotary, lt)
                 if pairing is not None:
                     proven.setdefault((mod, name), {})[(path, lt)] = pairing
                 elif type(hf_rotary).__module__ == mod:
@@ -318,7 +341,9 @@ def plan(model: nn.Module, model_type: str, check: bool) -> Plan:
                 f"{', '.join(sorted(bad))}; not patching")
     for path, hf_rotary, regimes in candidates:
         if path not in swapped:
-            result.skipped.append(f"{path} ({type(hf_rotary).__name__}): no rotation function matches it")
+            tried = ", ".join(f"{m.rsplit('.', 1)[-1]}.{n}" for m, n in functions) or "none found"
+            result.skipped.append(f"{path} ({type(hf_rotary).__name__}): the fused kernel reproduces no rotation "
+                                  f"function with its cos/sin (tried: {tried})")
             continue
         for lt, regime in regimes.items():
             regime.routes.update({key: p[(path, lt)] for key, p in proven.items() if (path, lt) in p})

@@ -34,9 +34,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Pairing:
+    """How a rotation function pairs dims, as proven by the probe. ``rotary_only``: it was proven only
+    on inputs exactly as wide as the rotated part (the wrapper refuses wider ones)."""
+
     name: str
     interleaved: bool
     deinterleave: bool = False
+    rotary_only: bool = False
 
 
 PAIRINGS = (

@@ -73,6 +73,9 @@ def make_wrapper(original: Callable, spec: RotationSpec, key: tuple[str, str]) -
             raise UnsupportedModelError(f"{_ERR}: {key[0]}.{key[1]} received rotary positions from a module "
                                         "it was not proven to match at patch time; unpatch the model")
         interleaved = pairing.interleaved
+        if pairing.rotary_only and arg(args, kwargs, 0).shape[-1] != 2 * h.inv_freq.shape[-1]:
+            raise UnsupportedModelError(f"{_ERR}: {key[0]}.{key[1]} was proven only on inputs as wide as the "
+                                        "rotated part; got a wider one; unpatch the model")
         if spec.kind == "gptj":
             return h.rotate(arg(args, kwargs, 0), None, "bshd", interleaved)[0]
         ud = arg(args, kwargs, ui, 1) if ui is not None else 1

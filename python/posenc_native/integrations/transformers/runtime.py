@@ -192,6 +192,16 @@ class PosencRotaryEmbedding(nn.Module):
         self.original = original
         self.regimes = regimes
 
+    def __getattr__(self, name: str):
+        # model code that reads the rotary module's plain attributes (config, layer_types, rope_type, ...)
+        # reads the replaced module's
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name.startswith("__") or name in ("original", "regimes"):
+                raise
+            return getattr(self._modules["original"], name)
+
     @property
     def rope(self) -> RopeConfig:
         """The :class:`RopeConfig` of the only (or first) layer type."""

@@ -32,6 +32,9 @@ _COMMON = dict(vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hi
                bos_token_id=1, eos_token_id=None, pad_token_id=None)
 
 
+_EAGER = {"gemma2"}  # no sdpa in transformers (attention logit soft-capping)
+
+
 def _configs() -> dict:
     import transformers as t
 
@@ -64,7 +67,8 @@ def run(name: str, args, device: torch.device, dtype: torch.dtype) -> dict:
     from posenc_native.integrations import transformers as hfi
 
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(_configs()[name](), attn_implementation="sdpa",
+    attn = "eager" if name in _EAGER else "sdpa"
+    model = transformers.AutoModelForCausalLM.from_config(_configs()[name](), attn_implementation=attn,
                                                           dtype=dtype).to(device).eval()
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(2, 32000, (1, args.prefill), generator=g).to(device)
@@ -120,7 +124,7 @@ def main(argv=None) -> int:
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
     print(f"machine:  {platform.machine()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, "
           f"torch {torch.__version__}, transformers {transformers.__version__} {gpu}")
-    print(f"models:   random weights, 4 layers, hidden 512, 8 heads (2 kv), vocab 32000, sdpa, {args.dtype}, "
+    print(f"models:   random weights, 4 layers, hidden 512, 8 heads (2 kv), vocab 32000, sdpa (Gemma 2: eager), {args.dtype}, "
           f"{device}; prefill {args.prefill} tokens, then greedy generation of {args.new} tokens; median of "
           f"{args.repeat}\n")
     head = (f"{'model':12s} {'prefill ms':>11s} {'patched':>9s} {'ratio':>6s}   {'generate ms':>11s} {'patched':>9s} "

@@ -403,3 +403,30 @@ def test_handle_refused_by_a_function_it_was_not_proven_for():
     with pytest.raises(hfi.UnsupportedModelError, match="not proven"):
         ml.apply_rotary_pos_emb(q, q, handle, handle)
     hfi.unpatch(model)
+
+
+def test_patched_model_shared_by_threads():
+    """Frequencies are copied to the device once, under a lock; two threads decoding with one patched
+    model get the unpatched logits."""
+    import threading
+
+    model = _model("llama-yarn")
+    ids = [_ids(1, 30 + 7 * i, seed=i) for i in range(4)]
+    want = [_logits(model, x) for x in ids]
+    hfi.patch(model)
+    errors = []
+
+    def worker(order):
+        try:
+            for i in order:
+                _assert_close_logits(_logits(model, ids[i]), want[i])
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(o,)) for o in ([0, 1, 2, 3], [3, 2, 1, 0])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    hfi.unpatch(model)

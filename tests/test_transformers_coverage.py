@@ -190,7 +190,7 @@ def _run(model_type: str, kind: str) -> tuple[str, str]:
         if hfi.is_patched(model):
             hfi.unpatch(model)
     what = "logits, greedy generation" if kind == "causal" else "last hidden state"
-    return "patched", f"{type(model).__name__}: max |diff| {err:.1e} ({what})"
+    return "patched", f"{type(model).__name__}: max abs diff {err:.1e} ({what})"
 
 
 _RANK = {"WRONG": 3, "patched": 2, "refused": 1, "not built": 0}
@@ -270,7 +270,7 @@ def test_every_rotary_family():
     pytest.importorskip("transformers")
     import transformers
 
-    from posenc_native.integrations.transformers import supported_model_types, verified
+    from posenc_native.integrations.transformers import verified
 
     transformers.logging.set_verbosity_error()
     before = read_table()
@@ -288,7 +288,6 @@ def test_every_rotary_family():
     assert not wrong, f"patched but wrong: {wrong}"
     assert not lost, f"patched in the committed table, not any more: {lost}"
     assert not unverified, f"supported_model_types() names model types not verified here: {sorted(unverified)}"
-    assert set(verified.MODEL_TYPES) <= set(supported_model_types())
 
 
 if __name__ == "__main__":

@@ -172,6 +172,24 @@ def _check_regime(cfg, hf_rotary: nn.Module, lt: Optional[str], rope: RopeConfig
             f"model's attention_scaling {theirs_af!r}; not patching. Pass check=False to patch anyway.")
 
 
+@torch.no_grad()
+def _multi_axis(hf_rotary: nn.Module, lt: Optional[str]) -> bool:
+    """Whether the module folds a leading axis of position ids into one table (M-RoPE and kin): a
+    plain rotary module broadcasts ``[axes, B, S]`` to ``[axes, B, S, R]``."""
+    probe = copy.deepcopy(hf_rotary)
+    device = _attr(probe, lt, "inv_freq").device
+    x = torch.zeros(2, 5, 8, device=device)
+    for axes in (3, 2):
+        pos = torch.arange(5, device=device).expand(axes, 2, 5)
+        try:
+            cos, _ = probe(x, pos) if lt is None else probe(x, pos, lt)
+        except Exception:  # noqa: BLE001 - not of that kind
+            continue
+        if isinstance(cos, torch.Tensor) and tuple(cos.shape[:-1]) == (2, 5):
+            return True
+    return False
+
+
 def _regimes(model: nn.Module, path: str, hf_rotary: nn.Module, check: bool) -> dict[Optional[str], Regime]:
     cfg = getattr(hf_rotary, "config", None) or model.config
     regimes: dict[Optional[str], Regime] = {}
@@ -198,6 +216,9 @@ def _regimes(model: nn.Module, path: str, hf_rotary: nn.Module, check: bool) -> 
         if 2 * int(buf.shape[-1]) != rope.rotary_dim:
             raise ValueError(f"{_ERR}: {where}: RopeConfig.from_hf gives rotary_dim {rope.rotary_dim} but the model "
                              f"rotates {2 * int(buf.shape[-1])} dims")
+        if _multi_axis(hf_rotary, lt):
+            raise UnsupportedModelError("it takes position ids per axis ([axes, batch, seq]: multimodal rope "
+                                        "sections), which the fused kernel does not")
         regime = Regime(rope, rope_type, rope.interleaved, hf_rotary, lo)
         if check:
             _check_regime(cfg, hf_rotary, lt, rope, regime, where)

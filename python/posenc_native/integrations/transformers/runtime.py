@@ -198,9 +198,10 @@ class PosencRotaryEmbedding(nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
-            if name.startswith("__") or name in ("original", "regimes"):
+            original = self.__dict__.get("_modules", {}).get("original")
+            if name.startswith("_") or name in ("original", "regimes") or original is None:
                 raise
-            return getattr(self._modules["original"], name)
+            return getattr(original, name)
 
     @property
     def rope(self) -> RopeConfig:

@@ -74,7 +74,7 @@ def run(name: str, args, device: torch.device, dtype: torch.dtype) -> dict:
     ids = torch.randint(2, 32000, (1, args.prefill), generator=g).to(device)
 
     def prefill():
-        return model(input_ids=ids).logits
+        return model(input_ids=ids, logits_to_keep=1).logits  # as generate() does
 
     def generate():
         return model.generate(ids, max_new_tokens=args.new, min_new_tokens=args.new, do_sample=False)

@@ -158,6 +158,9 @@ def unpatch(model: nn.Module) -> nn.Module:
 
 def is_patched(model: nn.Module) -> bool:
     """Whether :func:`patch` was applied to ``model`` (and not undone)."""
+    delegate = _delegate(getattr(getattr(model, "config", None), "model_type", None) or "")
+    if delegate is not None and hasattr(delegate, "is_patched"):
+        return delegate.is_patched(model)
     return getattr(model, "__dict__", {}).get(RECORD_ATTR) is not None
 
 

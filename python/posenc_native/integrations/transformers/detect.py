@@ -13,7 +13,11 @@ forward) and every layer type it serves:
    module's globals) rotates random q and k with them, and the fused kernel must give the same
    values (to 1e-4) under one of the pairings of :data:`.families.PAIRINGS`, in every layout the
    function accepts. That settles the signature, half-split vs interleaved, partial rotary and how
-   cos/sin are formed, from what the code does rather than from its name.
+   cos/sin are formed, from what the code does rather than from its name. Heads are probed at the
+   rotated width and wider, so "rotates the first R dims" and "is handed the R-dim slice" differ.
+
+Refused too: rotary modules that fold per-axis position ids (``[axes, B, S]``, M-RoPE), and
+forwards that do arithmetic on ``cos``/``sin`` themselves (a handle cannot stand in there).
 
 The pairing is proven per (rotary module, function) and travels with the handle, so a function
 only ever rotates with a pairing proven for the module that fed it (else it refuses, loudly). A

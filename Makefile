@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEPS_STAMP := $(VENV)/.posenc-deps
 
-.PHONY: run test build bench clean sanitize
+.PHONY: run test build bench coverage clean sanitize
 .DEFAULT_GOAL := test
 
 $(DEPS_STAMP): requirements-dev.txt
@@ -51,6 +51,11 @@ sanitize: $(DEPS_STAMP)
 
 bench: build
 	$(BIN)/python benchmarks/bench_cpu.py
+
+# Every transformers model family with a rotary class, patched vs unpatched (tiny random models);
+# writes docs/transformers_coverage.md. POSENC_UPDATE_COVERAGE=1 also rewrites the verified list.
+coverage: build
+	POSENC_COVERAGE=1 $(BIN)/python -m pytest -q tests/test_transformers_coverage.py
 
 clean:
 	rm -rf build dist

@@ -73,6 +73,23 @@ def _config(kind: str):
         return c.GPTJConfig(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256,
                             rotary_dim=16 if kind == "gptj-full" else 8, bos_token_id=0, eos_token_id=None,
                             initializer_range=0.2, tie_word_embeddings=False)
+    # families reached by the generic path (no entry of their own)
+    if kind == "gemma3":  # local/global layers, each with its own rope parameters
+        return c.Gemma3TextConfig(**_COMMON, num_key_value_heads=2, head_dim=16, sliding_window=8,
+                                  layer_types=["sliding_attention", "full_attention"], rope_parameters={
+                                      "full_attention": dict(rope_type="linear", factor=2.0, rope_theta=1e6),
+                                      "sliding_attention": dict(rope_type="default", rope_theta=1e4)})
+    if kind == "cohere":  # interleaved pairs
+        return c.CohereConfig(**_COMMON, num_key_value_heads=2)
+    if kind == "glm":  # partial, interleaved
+        return c.GlmConfig(**_COMMON, num_key_value_heads=2, head_dim=16)
+    if kind == "deepseek_v3":  # MLA: interleaved rope on the qk_rope_head_dim slice, output de-interleaved
+        return c.DeepseekV3Config(**_COMMON, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8,
+                                  qk_nope_head_dim=8, v_head_dim=16, head_dim=8, n_routed_experts=4,
+                                  num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                                  first_k_dense_replace=1, n_group=1, topk_group=1, rope_interleave=True,
+                                  rope_parameters=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64,
+                                                       rope_theta=10000.0, mscale=1.0, mscale_all_dim=1.0))
     raise AssertionError(kind)
 
 
@@ -135,6 +152,10 @@ CASES = [
     ("gpt_neox", "eager", 12, (17,)),  # partial rotary
     ("gptj", "eager", 12, (17,)),  # interleaved, partial
     ("gptj-full", "eager", 12, (17,)),  # interleaved, full head
+    ("gemma3", "eager", 12, (30,)),  # per-layer-type regimes
+    ("cohere", "sdpa", 12, (17,)),
+    ("glm", "eager", 12, (17,)),
+    ("deepseek_v3", "eager", 12, (90,)),  # YaRN past original_max_position_embeddings
 ]
 
 
@@ -336,3 +357,76 @@ def test_rotary_positions_cos_sin_matches_transformers():
     cos, sin = model.model.rotary_emb(x, pos)[0].cos_sin()
     hfi.unpatch(model)
     assert torch.allclose(cos, cos_ref, atol=1e-5) and torch.allclose(sin, sin_ref, atol=1e-5)
+
+
+def test_check_and_describe_change_nothing():
+    from transformers.models.llama import modeling_llama as ml
+
+    model = _model("deepseek_v3")
+    orig = type(model.model.rotary_emb)
+    assert hfi.check(model) is None
+    text = hfi.describe(model)
+    assert "apply_rotary_pos_emb_interleave: interleaved, de-interleaved output" in text and "yarn" in text
+    assert type(model.model.rotary_emb) is orig and not hfi.is_patched(model)
+    gpt2 = transformers.AutoModelForCausalLM.from_config(
+        transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2, n_positions=64))
+    assert "RotaryEmbedding" in hfi.check(gpt2)
+    assert set(hfi.supported_model_types()) >= {"llama", "gptj", "cohere", "glm"}
+
+
+def test_rotation_the_kernel_does_not_reproduce_is_refused(monkeypatch):
+    """A modeling module whose rotation differs from every pairing (here: the angle negated) is refused
+    at patch time with the reason, and nothing is swapped."""
+    from transformers.models.llama import modeling_llama as ml
+
+    original = ml.apply_rotary_pos_emb
+
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        return original(q, k, cos, -sin, unsqueeze_dim)
+
+    monkeypatch.setattr(ml, "apply_rotary_pos_emb", apply_rotary_pos_emb)
+    model = _model("llama")
+    with pytest.raises(hfi.UnsupportedModelError, match="reproduces no rotation function"):
+        hfi.patch(model)
+    assert not hfi.is_patched(model) and type(model.model.rotary_emb).__name__ == "LlamaRotaryEmbedding"
+    assert ml.apply_rotary_pos_emb is apply_rotary_pos_emb
+    assert "reproduces no rotation function" in hfi.check(model)
+
+
+def test_handle_refused_by_a_function_it_was_not_proven_for():
+    from transformers.models.llama import modeling_llama as ml
+
+    model = _model("llama")
+    hfi.patch(model)
+    q = torch.randn(1, 4, 5, 16)
+    handle = hfi.RotaryPositions(torch.arange(5)[None], torch.ones(8, dtype=torch.float64), 1.0, False)
+    with pytest.raises(hfi.UnsupportedModelError, match="not proven"):
+        ml.apply_rotary_pos_emb(q, q, handle, handle)
+    hfi.unpatch(model)
+
+
+def test_patched_model_shared_by_threads():
+    """Frequencies are copied to the device once, under a lock; two threads decoding with one patched
+    model get the unpatched logits."""
+    import threading
+
+    model = _model("llama-yarn")
+    ids = [_ids(1, 30 + 7 * i, seed=i) for i in range(4)]
+    want = [_logits(model, x) for x in ids]
+    hfi.patch(model)
+    errors = []
+
+    def worker(order):
+        try:
+            for i in order:
+                _assert_close_logits(_logits(model, ids[i]), want[i])
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(o,)) for o in ([0, 1, 2, 3], [3, 2, 1, 0])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    hfi.unpatch(model)

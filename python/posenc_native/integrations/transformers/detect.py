@@ -1,0 +1,383 @@
+"""Generic detection: which rotary modules of a loaded model can be swapped, and which rotation
+functions can be routed to the fused kernel, each with equality *proven* before anything changes.
+
+For every ``*RotaryEmbedding`` module (the model-level module that computes ``(cos, sin)`` once per
+forward) and every layer type it serves:
+
+1. its forward must take ``(x, position_ids)`` or ``(x, position_ids, layer_type)``;
+2. :meth:`RopeConfig.from_hf` on the module's own config must give the frequencies and attention
+   factor the module holds (and, for dynamic NTK / LongRoPE, the ones transformers' own init
+   function gives past the original length);
+3. the probe: a copy of the module computes ``(cos, sin)`` at random positions, every rotation
+   function that an attention forward calls (``apply_rotary_pos_emb`` and kin, found in its
+   module's globals) rotates random q and k with them, and the fused kernel must give the same
+   values (to 1e-4) under one of the pairings of :data:`.families.PAIRINGS`, in every layout the
+   function accepts. That settles the signature, half-split vs interleaved, partial rotary and how
+   cos/sin are formed, from what the code does rather than from its name. Heads are probed at the
+   rotated width and wider, so "rotates the first R dims" and "is handed the R-dim slice" differ.
+
+Refused too: rotary modules that fold per-axis position ids (``[axes, B, S]``, M-RoPE), and
+forwards that do arithmetic on ``cos``/``sin`` themselves (a handle cannot stand in there).
+
+The pairing is proven per (rotary module, function) and travels with the handle, so a function
+only ever rotates with a pairing proven for the module that fed it (else it refuses, loudly). A
+function that fails the probe for a swapped rotary module of its own modeling module makes
+:func:`plan` refuse. Nothing is changed here: :func:`plan` returns what :mod:`.` then swaps.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import dis
+import inspect
+import sys
+import types
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from ...config import RopeConfig
+from .families import PAIRINGS, Pairing
+from .rotations import RotationSpec, _deinterleave, original_of, signature_params
+from .runtime import _ERR, Regime, UnsupportedModelError
+
+_PROBE_ATOL = 1e-4
+_ROTARY_FORWARDS = (("x", "position_ids"), ("x", "position_ids", "layer_type"))
+
+
+@dataclass
+class RotaryPlan:
+    path: str
+    module: nn.Module
+    regimes: dict[Optional[str], Regime]
+
+
+@dataclass
+class Plan:
+    """What :func:`patch` will swap: rotary modules by path, rotation functions by (module, name)."""
+
+    model_type: str
+    rotaries: list[RotaryPlan] = field(default_factory=list)
+    rotations: dict[tuple[str, str], RotationSpec] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)  # what was left alone, and why
+
+    def describe(self) -> str:
+        lines = [f"model type {self.model_type!r}:"]
+        for r in self.rotaries:
+            for lt, g in r.regimes.items():
+                lines.append(f"  swap {r.path} ({type(r.module).__name__}){'' if lt is None else f' [{lt}]'}: "
+                             f"{g.rope_type}, rotary_dim {g.rotary_dim}, attention_factor {g.attention_factor:g}")
+                for (mod, name), pairing in g.routes.items():
+                    lines.append(f"    through {mod.rsplit('.', 1)[-1]}.{name}: {pairing.name}")
+        lines += [f"  leave {s}" for s in self.skipped]
+        return "\n".join(lines)
+
+
+def _forward_code(cls: type) -> Optional[types.CodeType]:
+    fn = inspect.unwrap(getattr(cls, "forward", None) or (lambda: None))
+    return getattr(fn, "__code__", None)
+
+
+def _is_hf(m: nn.Module) -> bool:
+    return type(m).__module__.startswith("transformers.")
+
+
+def _rotation_functions(model: nn.Module) -> dict[tuple[str, str], Callable]:
+    """Functions named like a rotation (``*rotary*``/``*rope*``) that a forward taking
+    ``position_embeddings`` calls, resolved in its module's globals (unwrapped if posenc wrapped them)."""
+    found: dict[tuple[str, str], Callable] = {}
+    seen: set[type] = set()
+    for _, m in model.named_modules():
+        cls = type(m)
+        if cls in seen or not _is_hf(m):
+            continue
+        seen.add(cls)
+        code = _forward_code(cls)
+        if code is None or "position_embeddings" not in code.co_varnames:
+            continue
+        misuse = _handle_misuse(cls)
+        if misuse is not None:
+            raise UnsupportedModelError(f"{_ERR}: {misuse} (a patched model passes rotary positions there, not "
+                                        "tensors)")
+        module = sys.modules.get(cls.__module__)
+        for name in code.co_names:
+            low = name.lower()
+            if "rotary" not in low and "rope" not in low:
+                continue
+            fn = getattr(module, name, None)
+            if isinstance(fn, types.FunctionType):
+                found[(cls.__module__, name)] = original_of(fn)
+    return found
+
+
+def _layer_types(hf_rotary: nn.Module) -> list[Optional[str]]:
+    params = [p for p in signature_params(type(hf_rotary).forward) if p != "self"]
+    if tuple(params) not in _ROTARY_FORWARDS:
+        raise UnsupportedModelError(f"its forward takes ({', '.join(params)}), not (x, position_ids[, layer_type])")
+    if "layer_type" not in params:
+        return [None]
+    rope_type = getattr(hf_rotary, "rope_type", None)
+    if not isinstance(rope_type, dict) or not rope_type:
+        raise UnsupportedModelError("it takes layer_type but has no rope_type per layer type")
+    return sorted(rope_type)
+
+
+def _attr(hf_rotary: nn.Module, lt: Optional[str], name: str):
+    return getattr(hf_rotary, name if lt is None else f"{lt}_{name}", None)
+
+
+def _rel_err(ours: torch.Tensor, theirs: torch.Tensor) -> float:
+    ours, theirs = ours.detach().to("cpu", torch.float64), theirs.detach().to("cpu", torch.float64)
+    if ours.shape != theirs.shape:
+        return float("inf")
+    return ((ours - theirs).abs() / theirs.abs().clamp_min(1e-30)).max().item() if ours.numel() else 0.0
+
+
+def _check_frequencies(what: str, ours: torch.Tensor, theirs: torch.Tensor, where: str) -> None:
+    err = _rel_err(ours, theirs)
+    if err > 1e-5:
+        raise ValueError(
+            f"{_ERR}: {where}: RopeConfig.from_hf's {what} disagree with the model's own rotary embedding (shape "
+            f"{tuple(ours.shape)} vs {tuple(theirs.shape)}, max relative difference {err:.3g}); not patching. "
+            "Pass check=False to patch anyway.")
+
+
+def _check_regime(cfg, hf_rotary: nn.Module, lt: Optional[str], rope: RopeConfig, regime: Regime, where: str) -> None:
+    """RopeConfig.from_hf against what the model's own module computed (frequencies, attention factor)."""
+    theirs = _attr(hf_rotary, lt, "original_inv_freq")
+    if theirs is None:
+        theirs = _attr(hf_rotary, lt, "inv_freq")
+    if not isinstance(theirs, torch.Tensor) or theirs.is_meta:
+        return  # nothing materialised to compare with
+    rope_type = regime.rope_type
+    if regime.mode == "dynamic":
+        _check_frequencies("frequencies", rope.inv_freq(seq_len=regime.original_max_seq_len), theirs, where)
+    elif regime.mode == "longrope":
+        _check_frequencies("short-factor frequencies", rope.inv_freq(seq_len=regime.original_max_position_embeddings),
+                           theirs, where)
+    else:
+        _check_frequencies("frequencies", rope.inv_freq(seq_len=None), theirs, where)
+    if regime.mode != "static":
+        # the sequence-length-dependent branch, computed by transformers' own init function
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        init = ROPE_INIT_FUNCTIONS.get(rope_type)
+        if init is not None:
+            seq_len = (regime.original_max_position_embeddings + 1 if regime.mode == "longrope"
+                       else 2 * regime.original_max_seq_len + 3)
+            their_long, _ = init(cfg, None, seq_len=seq_len)
+            _check_frequencies(f"frequencies at seq_len={seq_len}", rope.inv_freq(seq_len=seq_len), their_long, where)
+    theirs_af = float(_attr(hf_rotary, lt, "attention_scaling") or 1.0)
+    if abs(regime.attention_factor - theirs_af) > 1e-6 * max(1.0, abs(theirs_af)):
+        raise ValueError(
+            f"{_ERR}: {where}: RopeConfig.from_hf's attention_factor {regime.attention_factor!r} disagrees with the "
+            f"model's attention_scaling {theirs_af!r}; not patching. Pass check=False to patch anyway.")
+
+
+@torch.no_grad()
+def _multi_axis(hf_rotary: nn.Module, lt: Optional[str]) -> bool:
+    """Whether the module folds a leading axis of position ids into one table (M-RoPE and kin): a
+    plain rotary module broadcasts ``[axes, B, S]`` to ``[axes, B, S, R]``."""
+    probe = copy.deepcopy(hf_rotary)
+    device = _attr(probe, lt, "inv_freq").device
+    x = torch.zeros(2, 5, 8, device=device)
+    for axes in (3, 2):
+        pos = torch.arange(5, device=device).expand(axes, 2, 5)
+        try:
+            cos, _ = probe(x, pos) if lt is None else probe(x, pos, lt)
+        except Exception:  # noqa: BLE001 - not of that kind
+            continue
+        if isinstance(cos, torch.Tensor) and tuple(cos.shape[:-1]) == (2, 5):
+            return True
+    return False
+
+
+def _regimes(model: nn.Module, path: str, hf_rotary: nn.Module, check: bool) -> dict[Optional[str], Regime]:
+    cfg = getattr(hf_rotary, "config", None) or model.config
+    regimes: dict[Optional[str], Regime] = {}
+    for lt in _layer_types(hf_rotary):
+        where = f"{path}{'' if lt is None else f' [{lt}]'}"
+        rope_type = hf_rotary.rope_type if lt is None else hf_rotary.rope_type[lt]
+        if not isinstance(rope_type, str):
+            raise UnsupportedModelError(f"its rope_type is {rope_type!r}")
+        buf = _attr(hf_rotary, lt, "inv_freq")
+        if not isinstance(buf, torch.Tensor):
+            raise UnsupportedModelError("it holds no inv_freq buffer")
+        if lt is not None and rope_type not in ("default", "linear", "yarn", "llama3", "proportional"):
+            raise UnsupportedModelError(f"rope_type {rope_type!r} per layer type (sequence-length dependent)")
+        try:
+            rope = RopeConfig.from_hf(cfg, layer_type=lt)
+        except (NotImplementedError, ValueError, KeyError, TypeError) as e:
+            raise UnsupportedModelError(f"RopeConfig.from_hf cannot read its configuration: {e}") from e
+        lo = None
+        if rope_type == "longrope":
+            params = cfg.rope_parameters if lt is None else cfg.rope_parameters[lt]
+            lo = params.get("original_max_position_embeddings")
+            if lo is None:
+                raise UnsupportedModelError("its longrope config has no original_max_position_embeddings")
+        if 2 * int(buf.shape[-1]) != rope.rotary_dim:
+            raise ValueError(f"{_ERR}: {where}: RopeConfig.from_hf gives rotary_dim {rope.rotary_dim} but the model "
+                             f"rotates {2 * int(buf.shape[-1])} dims")
+        if _multi_axis(hf_rotary, lt):
+            raise UnsupportedModelError("it takes position ids per axis ([axes, batch, seq]: multimodal rope "
+                                        "sections), which the fused kernel does not")
+        regime = Regime(rope, rope_type, rope.interleaved, hf_rotary, lo)
+        if check:
+            _check_regime(cfg, hf_rotary, lt, rope, regime, where)
+        regimes[lt] = regime
+    return regimes
+
+
+# --------------------------------------------------------------------------------------------
+# The probe
+
+
+def _kind(params: tuple[str, ...]) -> Optional[str]:
+    if len(params) >= 4 and params[2:4] == ("cos", "sin"):
+        return "qk"
+    if len(params) >= 3 and params[1:3] == ("cos", "sin"):
+        return "x"
+    return None
+
+
+@torch.no_grad()
+def _probe_one(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.Module, lt: Optional[str]
+               ) -> Optional[Pairing]:
+    """The pairing under which the fused kernel reproduces ``fn`` fed by ``hf_rotary`` (None: none does).
+
+    Heads are probed as wide as the rotated part and 8 dims wider: a function that matches only at
+    the rotated width (it is handed the rotary slice, as DeepSeek's MLA does) gets a pairing that
+    refuses wider inputs at run time rather than rotate the wrong dims."""
+    probe = copy.deepcopy(hf_rotary)  # the module's dynamic state must not move
+    device = _attr(probe, lt, "inv_freq").device
+    g = torch.Generator().manual_seed(1234)
+    batch, seq = 2, 7
+    pos = torch.randint(0, 60, (batch, seq), generator=g).to(device)
+    x = torch.zeros(batch, seq, 8, device=device)
+    try:
+        cos, sin = probe(x, pos) if lt is None else probe(x, pos, lt)
+    except Exception:  # noqa: BLE001 - any failure means "not of the supported shape"
+        return None
+    inv_freq = _attr(probe, lt, "inv_freq").to(torch.float64)
+    af = float(_attr(probe, lt, "attention_scaling") or 1.0)
+    rotary_dim = 2 * inv_freq.shape[-1]
+    layouts = (1, 2) if "unsqueeze_dim" in params else (1,)
+
+    def matches(pairing: Pairing, head_dim: int) -> bool:
+        q0 = torch.randn(batch, 3, seq, head_dim, generator=g).to(device)
+        k0 = torch.randn(batch, 2, seq, head_dim, generator=g).to(device)
+        for ud in layouts:
+            q, k = (q0, k0) if ud == 1 else (q0.transpose(1, 2).contiguous(), k0.transpose(1, 2).contiguous())
+            kw = {"unsqueeze_dim": ud} if ud != 1 else {}
+            try:
+                theirs = fn(q, k, cos, sin, **kw) if kind == "qk" else (fn(q, cos, sin, **kw), fn(k, cos, sin, **kw))
+            except Exception:  # noqa: BLE001
+                return False
+            if not (isinstance(theirs, tuple) and len(theirs) == 2):
+                return False
+            ours = torch.ops.posenc.rope(q, k, pos, None, inv_freq, af, pairing.interleaved,
+                                         "bhsd" if ud == 1 else "bshd", 0, False)
+            if pairing.deinterleave:
+                ours = tuple(_deinterleave(t, rotary_dim) for t in ours)
+            for a, b in zip(ours, theirs):
+                if not isinstance(b, torch.Tensor) or a.shape != b.shape or \
+                        (a - b.to(a.dtype)).abs().max().item() > _PROBE_ATOL:
+                    return False
+        return True
+
+    for pairing in PAIRINGS:
+        if matches(pairing, rotary_dim):
+            return pairing if matches(pairing, rotary_dim + 8) else dataclasses.replace(
+                pairing, name=pairing.name + ", rotated slice only", rotary_only=True)
+    return None
+
+
+# Bytecode that, right after loading `cos` or `sin`, does something a handle cannot stand in for
+# (negation, indexing, arithmetic, an attribute or method): such a forward is refused.
+_MISUSE = {"UNARY_NEGATIVE", "BINARY_SUBSCR", "BINARY_OP", "LOAD_ATTR", "LOAD_METHOD", "COMPARE_OP"}
+
+
+def _handle_misuse(cls: type) -> Optional[str]:
+    code = _forward_code(cls)
+    if code is None:
+        return None
+    ins = list(dis.get_instructions(code))
+    for a, b in zip(ins, ins[1:]):
+        if a.opname.startswith("LOAD_FAST") and a.argval in ("cos", "sin") and b.opname in _MISUSE:
+            return f"{cls.__name__}.forward applies {b.opname.lower()} to {a.argval}"
+    return None
+
+
+def plan(model: nn.Module, model_type: str, check: bool) -> Plan:
+    """Detect (and prove) what can be swapped in ``model``; raises :class:`UnsupportedModelError`
+    naming the reason when nothing can, or ``ValueError`` when the config and the model disagree."""
+    result = Plan(model_type)
+    rotaries = [(n, m) for n, m in model.named_modules() if _is_hf(m) and type(m).__name__.endswith("RotaryEmbedding")]
+    if not rotaries:
+        raise UnsupportedModelError(f"{_ERR}: model type {model_type!r}: found no transformers *RotaryEmbedding module")
+    candidates: list[tuple[str, nn.Module, dict[Optional[str], Regime]]] = []
+    reasons: list[str] = []
+    for path, hf_rotary in rotaries:
+        if not path:
+            raise UnsupportedModelError(f"{_ERR}: patch the model that holds the rotary embedding, not the rotary "
+                                        "embedding itself")
+        try:
+            candidates.append((path, hf_rotary, _regimes(model, path, hf_rotary, check)))
+        except UnsupportedModelError as e:
+            reasons.append(f"{path} ({type(hf_rotary).__name__}): {e}")
+    functions = _rotation_functions(model)
+    if not functions:
+        reasons.append("no forward taking position_embeddings calls an apply_rotary*/rope function")
+
+    # Probe every (function, rotary module, layer type). A function may serve rotary modules of its own
+    # modeling module only if it is proven for all of them that are swapped (an attention there is fed
+    # by them); across modules a handle carries the pairings proven for it, and a function it was not
+    # proven for refuses it at run time.
+    proven: dict[tuple[str, str], dict[tuple[str, Optional[str]], Pairing]] = {}
+    failed: dict[tuple[str, str], set[str]] = {}
+    specs: dict[tuple[str, str], RotationSpec] = {}
+    for (mod, name), fn in functions.items():
+        params = signature_params(fn)
+        kind = _kind(params)
+        short = f"{mod.rsplit('.', 1)[-1]}.{name}"
+        if kind is None:
+            raise UnsupportedModelError(
+                f"{_ERR}: model type {model_type!r}: {short}, called by an attention with position_embeddings, "
+                f"takes ({', '.join(params)}), not (q, k, cos, sin, ...) or (x, cos, sin, ...)")
+        specs[(mod, name)] = RotationSpec(kind, params)
+        for path, hf_rotary, regimes in candidates:
+            for lt, regime in regimes.items():
+                pairing = _probe_one(fn, kind, params, hf_rotary, lt)
+                if pairing is not None:
+                    proven.setdefault((mod, name), {})[(path, lt)] = pairing
+                elif type(hf_rotary).__module__ == mod:
+                    failed.setdefault((mod, name), set()).add(path)
+    # a rotary module is swapped when every layer type of it is proven for some function
+    swapped = {path for path, _, regimes in candidates
+               if regimes and all(any((path, lt) in p for p in proven.values()) for lt in regimes)}
+    for key, paths in failed.items():
+        bad = paths & swapped
+        if bad:
+            raise UnsupportedModelError(
+                f"{_ERR}: model type {model_type!r}: {key[0].rsplit('.', 1)[-1]}.{key[1]}, called by an attention "
+                f"with position_embeddings, is not reproduced by the fused kernel (with any pairing) for "
+                f"{', '.join(sorted(bad))}; not patching")
+    for path, hf_rotary, regimes in candidates:
+        if path not in swapped:
+            tried = ", ".join(f"{m.rsplit('.', 1)[-1]}.{n}" for m, n in functions) or "none found"
+            result.skipped.append(f"{path} ({type(hf_rotary).__name__}): the fused kernel reproduces no rotation "
+                                  f"function with its cos/sin (tried: {tried})")
+            continue
+        for lt, regime in regimes.items():
+            regime.routes.update({key: p[(path, lt)] for key, p in proven.items() if (path, lt) in p})
+        result.rotaries.append(RotaryPlan(path, hf_rotary, regimes))
+    for key, p in proven.items():
+        if any(path in swapped for path, _ in p):
+            result.rotations[key] = specs[key]
+    if not result.rotaries or not result.rotations:
+        why = "; ".join(reasons + result.skipped) or "nothing to swap"
+        raise UnsupportedModelError(f"{_ERR}: model type {model_type!r} cannot be patched with proven equality: {why}")
+    result.skipped[:0] = reasons
+    return result

@@ -1,0 +1,164 @@
+"""The model families, one small entry each; everything shared lives in :mod:`.detect`,
+:mod:`.rotations`, :mod:`.runtime` and :mod:`.record`.
+
+Most families need no entry: :func:`generic` (the default) finds the rotary module and the
+rotation functions and proves equality by probing them (:mod:`.detect`). What varies between
+families *within* that path is data, listed here once:
+
+- :data:`PAIRINGS`: the ways a rotation function can pair dims. Half-split (Llama and most);
+  interleaved (Cohere, GLM, ERNIE 4.5, Helium: their cos/sin or their ``rotate_half`` pair
+  (2i, 2i+1)); interleaved with the result laid out ``[evens | odds]`` (DeepSeek V3's MLA
+  ``apply_rotary_pos_emb_interleave``, on the partial ``qk_rope_head_dim`` slice). The probe tries
+  them in this order; partial rotary needs no entry (dims past ``rotary_dim`` pass through).
+- Per-layer-type rotary (Gemma 2/3, Cohere 2, ...: local and global layers with their own base):
+  one regime per layer type, read with ``RopeConfig.from_hf(config, layer_type=...)``.
+
+An entry in :data:`FAMILIES` is needed only where a family does not route rotation through a
+model-level rotary module (GPT-J: a per-attention sin/cos table), or where another integration
+module handles it (:data:`DELEGATES`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import torch
+from torch import nn
+
+from .rotations import RotationSpec
+from .runtime import _ERR, RotaryPositions, UnsupportedModelError
+
+if TYPE_CHECKING:
+    from ...config import RopeConfig
+    from .record import PatchRecord
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """How a rotation function pairs dims, as proven by the probe. ``rotary_only``: it was proven only
+    on inputs exactly as wide as the rotated part (the wrapper refuses wider ones)."""
+
+    name: str
+    interleaved: bool
+    deinterleave: bool = False
+    rotary_only: bool = False
+
+
+PAIRINGS = (
+    Pairing("half-split", False),
+    Pairing("interleaved", True),
+    Pairing("interleaved, de-interleaved output (DeepSeek MLA)", True, True),
+)
+
+
+def generic(model: nn.Module, record: "PatchRecord", check: bool) -> None:
+    """Any family with a model-level ``*RotaryEmbedding`` and ``apply_rotary_pos_emb``-like functions."""
+    from .detect import plan
+    from .runtime import PosencRotaryEmbedding
+
+    p = plan(model, record.model_type, check)
+    record.notes = p.describe()
+    for (module_name, name), spec in p.rotations.items():
+        record.route(module_name, name, spec)
+    for r in p.rotaries:
+        record.swap_module(model, r.path, PosencRotaryEmbedding(r.module, r.regimes))
+
+
+# --------------------------------------------------------------------------------------------
+# GPT-J: rotates inside its attention from a per-layer sin/cos table (``embed_positions``). Each
+# attention's ``_get_embed_positions`` is overridden (instance attribute) to return a stand-in that
+# survives the ``gather``/``split`` GPT-J does on the table, and ``apply_rotary_pos_emb(tensor, sin,
+# cos)`` is routed with interleaved pairs, layout ``bshd``, k and q in two calls.
+
+_GPTJ_OVERRIDE = "_get_embed_positions"
+
+
+class _GPTJSinCos:
+    """Stands in for GPT-J's sin/cos table through ``torch.gather``, ``.to`` and ``torch.split``."""
+
+    __slots__ = ("_posenc_rotary",)
+    shape = torch.Size((1, 1, 2))  # GPT-J reads shape[-1] to repeat position ids and to split sin | cos
+
+    def __init__(self, rotary: RotaryPositions):
+        self._posenc_rotary = rotary
+
+    def to(self, *args, **kwargs) -> "_GPTJSinCos":
+        return self
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.gather:
+            return args[0]
+        if func is torch.split:
+            return args[0], args[0]
+        raise NotImplementedError(
+            f"{_ERR}: GPT-J's attention applied {getattr(func, '__name__', func)!r} to its sin/cos table, which the "
+            "patch does not expect; this transformers version's GPT-J is not supported (unpatch the model)")
+
+
+class _GPTJRotary:
+    """The per-attention ``_get_embed_positions`` override of a patched GPT-J."""
+
+    def __init__(self, rope: RopeConfig, attention_factor: float, routes: dict):
+        self.rope = rope
+        self.attention_factor = attention_factor
+        self.routes = routes
+
+    def __call__(self, position_ids: torch.Tensor) -> _GPTJSinCos:
+        inv_freq = self.rope.inv_freq_on(position_ids.device)
+        return _GPTJSinCos(RotaryPositions(position_ids, inv_freq, self.attention_factor, True, self.routes))
+
+
+def gptj(model: nn.Module, record: "PatchRecord", check: bool) -> None:
+    from .detect import _forward_code
+
+    rope, module_name = record.rope_config(model), "transformers.models.gptj.modeling_gptj"
+    attentions = [(n, m) for n, m in model.named_modules() if type(m).__module__ == module_name
+                  and (code := _forward_code(type(m))) is not None
+                  and {"apply_rotary_pos_emb", _GPTJ_OVERRIDE} <= set(code.co_names)]
+    if not attentions:
+        raise UnsupportedModelError(f"{_ERR}: found no GPT-J attention calling apply_rotary_pos_emb and "
+                                    f"{_GPTJ_OVERRIDE}; the installed transformers' GPT-J is not supported")
+    if not rope.interleaved:
+        raise ValueError(f"{_ERR}: RopeConfig.from_hf says GPT-J pairs half-split dims, but GPT-J rotates "
+                         "interleaved pairs (2i, 2i+1)")
+    for name, attn in attentions:
+        hd, rd = attn.head_dim, (attn.rotary_dim or attn.head_dim)
+        if rope.head_dim != hd or rope.rotary_dim != rd:
+            raise ValueError(f"{_ERR}: {name} has head_dim {hd} and rotary_dim {rd} but RopeConfig.from_hf gives "
+                             f"{rope.head_dim} and {rope.rotary_dim}")
+    if rope.needs_seq_len:
+        raise UnsupportedModelError(f"{_ERR}: GPT-J has no sequence-length dependent rotary scaling, but "
+                                    "RopeConfig.from_hf returned one")
+    if check:
+        table = getattr(attentions[0][1], "embed_positions", None)  # rows [sin | cos] of position * inv_freq
+        if isinstance(table, torch.Tensor) and not table.is_meta and table.shape[0] > 1:
+            theirs = table[1, : table.shape[-1] // 2].to("cpu", torch.float64)  # sin(1 * inv_freq)
+            ours = torch.sin(rope.inv_freq_on("cpu"))
+            if ours.shape != theirs.shape or not torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6):
+                raise ValueError(f"{_ERR}: RopeConfig.from_hf's frequencies disagree with GPT-J's own sin/cos "
+                                 "table; not patching. Pass check=False to patch anyway.")
+        if float(rope.attention_factor) != 1.0:
+            raise ValueError(f"{_ERR}: GPT-J has no attention factor, but RopeConfig.from_hf gives "
+                             f"{rope.attention_factor}")
+    rotary = _GPTJRotary(rope, float(rope.attention_factor), {(module_name, "apply_rotary_pos_emb"): PAIRINGS[1]})
+    record.route(module_name, "apply_rotary_pos_emb", RotationSpec("gptj", ("tensor", "sin", "cos")))
+    for name, _ in attentions:
+        record.override(model, name, _GPTJ_OVERRIDE, rotary)
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one family is patched: ``patch(model, record, check)`` fills the record (what it swaps)."""
+
+    patch: Callable[[nn.Module, "PatchRecord", bool], None]
+
+
+GENERIC = Family(generic)
+
+FAMILIES: dict[str, Family] = {
+    "gptj": Family(gptj),
+}
+
+# model_type -> module of another integration with patch(model, check=) / unpatch(model) of its own
+DELEGATES: dict[str, str] = {t: "posenc_native.integrations.t5" for t in ("t5", "mt5", "umt5")}

@@ -1,0 +1,154 @@
+"""The modeling modules' rotation functions (``apply_rotary_pos_emb`` and kin), wrapped.
+
+transformers' attention forwards look their rotation function up in their module's globals at
+call time, so routing the rotation without copying each attention forward means wrapping that
+global. A wrapper is installed once per (module, function) while at least one model using it is
+patched (reference counted) and decides per call by the *type* of its ``cos`` argument: unpatched
+models (whose rotary module still returns tensors) go to the original function unchanged; the
+cost for them is one ``isinstance`` per call while another model is patched. Replacing each
+attention's ``forward`` instead would avoid touching globals but silently drift whenever
+transformers edits a forward.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from .runtime import _ERR, RotaryPositions, UnsupportedModelError
+
+_LAYOUTS = {1: "bhsd", 2: "bshd"}
+
+
+@dataclass(frozen=True)
+class RotationSpec:
+    """How a rotation function is called and what it returns, as established by the probe.
+
+    kind: ``"qk"`` (``f(q, k, cos, sin, ...) -> (q, k)``), ``"x"`` (``f(x, cos, sin, ...) -> x``),
+    ``"gptj"`` (``f(tensor, sin, cos) -> tensor``, ``[B, S, H, R]``). The pairing is not here: it was
+    proven per (rotary module, function) and travels in the handle (``RotaryPositions.routes``).
+    """
+
+    kind: str
+    params: tuple[str, ...]
+
+    @property
+    def handle_index(self) -> int:
+        return {"qk": 2, "x": 1, "gptj": 1}[self.kind]
+
+
+def _deinterleave(x: torch.Tensor, rotary_dim: int) -> torch.Tensor:
+    parts = [x[..., 0:rotary_dim:2], x[..., 1:rotary_dim:2]]
+    if rotary_dim < x.shape[-1]:
+        parts.append(x[..., rotary_dim:])
+    return torch.cat(parts, dim=-1)
+
+
+def make_wrapper(original: Callable, spec: RotationSpec, key: tuple[str, str]) -> Callable:
+    """The dispatcher installed in place of ``original``: the fused kernel when it receives a posenc
+    handle, ``original`` otherwise."""
+    params = spec.params
+    hi = spec.handle_index
+    hname = params[hi]
+    ui = params.index("unsqueeze_dim") if "unsqueeze_dim" in params else None
+
+    def arg(args, kwargs, i, default=None):
+        return args[i] if len(args) > i else kwargs.get(params[i], default)
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        h = args[hi] if len(args) > hi else kwargs.get(hname)
+        if spec.kind == "gptj":
+            h = getattr(h, "_posenc_rotary", None)
+        if not isinstance(h, RotaryPositions):
+            return original(*args, **kwargs)
+        pairing = h.routes.get(key)
+        if pairing is None:
+            raise UnsupportedModelError(f"{_ERR}: {key[0]}.{key[1]} received rotary positions from a module "
+                                        "it was not proven to match at patch time; unpatch the model")
+        interleaved = pairing.interleaved
+        if pairing.rotary_only and arg(args, kwargs, 0).shape[-1] != 2 * h.inv_freq.shape[-1]:
+            raise UnsupportedModelError(f"{_ERR}: {key[0]}.{key[1]} was proven only on inputs as wide as the "
+                                        "rotated part; got a wider one; unpatch the model")
+        if spec.kind == "gptj":
+            return h.rotate(arg(args, kwargs, 0), None, "bshd", interleaved)[0]
+        ud = arg(args, kwargs, ui, 1) if ui is not None else 1
+        layout = _LAYOUTS.get(ud)
+        if layout is None:
+            raise ValueError(f"{_ERR}: {original.__name__} with unsqueeze_dim={ud} is not supported")
+        if spec.kind == "x":
+            out = h.rotate(arg(args, kwargs, 0), None, layout, interleaved)[0]
+            return _deinterleave(out, 2 * h.inv_freq.shape[-1]) if pairing.deinterleave else out
+        q, k = arg(args, kwargs, 0), arg(args, kwargs, 1)
+        q_out, k_out = h.rotate(q, k, layout, interleaved)
+        if pairing.deinterleave:
+            r = 2 * h.inv_freq.shape[-1]
+            q_out = _deinterleave(q_out, r)
+            k_out = None if k_out is None else _deinterleave(k_out, r)
+        return (q_out, k_out) if k is not None else q_out
+
+    wrapper.__posenc_original__ = original
+    return wrapper
+
+
+def signature_params(fn: Callable) -> tuple[str, ...]:
+    try:
+        return tuple(inspect.signature(inspect.unwrap(fn)).parameters)
+    except (TypeError, ValueError):
+        return ()
+
+
+# --------------------------------------------------------------------------------------------
+# Reference-counted installation
+
+_LOCK = threading.RLock()
+_INSTALLED: dict[tuple[str, str], list] = {}  # (module, name) -> [original, wrapper, number of patched models]
+
+
+def original_of(fn: Callable) -> Callable:
+    """The unwrapped function when ``fn`` is a posenc wrapper."""
+    return getattr(fn, "__posenc_original__", None) or fn
+
+
+def install(module_name: str, name: str, spec: RotationSpec) -> None:
+    module = sys.modules[module_name]
+    with _LOCK:
+        entry = _INSTALLED.get((module_name, name))
+        current = getattr(module, name)
+        if entry is None:
+            current = original_of(current)  # a stale wrapper (module reloaded?)
+            wrapper = make_wrapper(current, spec, (module_name, name))
+            setattr(module, name, wrapper)
+            _INSTALLED[(module_name, name)] = [current, wrapper, 1]
+            return
+        if current is not entry[1]:
+            raise RuntimeError(
+                f"{_ERR}: {module_name}.{name} was replaced by other code after posenc wrapped it, so models "
+                "patched by posenc would break; undo that replacement first")
+        entry[2] += 1
+
+
+def uninstall(module_name: str, name: str) -> None:
+    module = sys.modules.get(module_name)
+    with _LOCK:
+        entry = _INSTALLED.get((module_name, name))
+        if entry is None:
+            return
+        entry[2] -= 1
+        if entry[2] > 0:
+            return
+        del _INSTALLED[(module_name, name)]
+        if module is None:
+            return
+        if getattr(module, name) is entry[1]:
+            setattr(module, name, entry[0])
+        else:
+            warnings.warn(f"{_ERR}: {module_name}.{name} was replaced by other code after posenc wrapped it; "
+                          "leaving that replacement in place", RuntimeWarning, stacklevel=3)
+

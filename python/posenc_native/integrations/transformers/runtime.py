@@ -1,0 +1,206 @@
+"""What runs inside a patched model: the handle that replaces ``(cos, sin)`` and the rotary module
+that produces it.
+
+A patched model's rotary module returns a :class:`RotaryPositions` (positions + frequencies, no
+cos/sin tensors) twice, so attention forwards unpack it as ``cos, sin`` and hand it to their
+module's rotation function, which :mod:`.rotations` has wrapped to call the fused kernel.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+import torch
+from torch import nn
+
+from ..._rope_math import cos_sin_from_angles, rope_angles, seq_len_from_positions
+from ...config import RopeConfig
+
+_ERR = "posenc_native.integrations.transformers"
+
+
+class UnsupportedModelError(NotImplementedError, ValueError):
+    """The model (type, transformers version or code) is not one :func:`patch` can route with proven
+    equality; the message names the reason."""
+
+
+def _empty_k(q: torch.Tensor, layout: str) -> torch.Tensor:
+    shape = list(q.shape)
+    shape[1 if layout == "bhsd" else 2] = 0  # no heads: the op always takes q and k
+    return q.new_empty(shape)
+
+
+class RotaryPositions:
+    """Positions and frequencies of one forward pass: what a patched model passes where transformers
+    passes ``(cos, sin)``. The rotation itself happens in :meth:`rotate` (one fused kernel)."""
+
+    __slots__ = ("positions", "inv_freq", "attention_factor", "interleaved", "routes")
+
+    def __init__(self, positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float, interleaved: bool,
+                 routes: Optional[dict] = None):
+        self.positions = positions
+        self.inv_freq = inv_freq
+        self.attention_factor = float(attention_factor)
+        self.interleaved = bool(interleaved)
+        # (module, function) -> Pairing proven for it at patch time; a rotation function not in here
+        # refuses the handle rather than guess
+        self.routes = routes or {}
+
+    def rotate(self, q: torch.Tensor, k: Optional[torch.Tensor] = None, layout: str = "bhsd",
+               interleaved: Optional[bool] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Rotate q (and k) at these positions; ``bhsd`` is transformers' ``[B, H, S, D]``. Dims past
+        ``2 * len(inv_freq)`` pass through (partial rotary). ``interleaved`` (the pairing of the
+        rotation function that receives this handle) defaults to the handle's own."""
+        pos = self.positions
+        if pos.dim() == 2 and pos.shape[0] == 1 and q.shape[0] != 1:
+            pos = pos[0]  # transformers' [1, S] shared by every sequence of the batch (metadata only, no sync)
+        k_arg = _empty_k(q, layout) if k is None else k
+        q_out, k_out = torch.ops.posenc.rope(q, k_arg, pos, None, self.inv_freq, self.attention_factor,
+                                             self.interleaved if interleaved is None else interleaved, layout, 0,
+                                             False)
+        return q_out, (k_out if k is not None else None)
+
+    def cos_sin(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """transformers-style ``(cos, sin)`` ``[B, S, rotary_dim]`` (for code that needs the tensors)."""
+        return cos_sin_from_angles(rope_angles(self.positions, self.inv_freq), self.attention_factor,
+                                   self.interleaved, dtype)
+
+    def __repr__(self) -> str:
+        return (f"RotaryPositions(positions={tuple(self.positions.shape)}, rotary_dim={2 * self.inv_freq.shape[-1]}, "
+                f"attention_factor={self.attention_factor:g}, interleaved={self.interleaved})")
+
+
+class Regime:
+    """The frequencies of one rotary configuration (one layer type) and how they follow the sequence
+    length: ``static``; ``dynamic`` (NTK, mirroring transformers' growth/reset state); ``longrope``
+    (short/long factors chosen on the device, no host sync)."""
+
+    def __init__(self, rope: RopeConfig, rope_type: str, interleaved: bool, original: nn.Module,
+                 original_max_position_embeddings: Optional[int] = None):
+        self.rope = rope
+        self.rope_type = rope_type
+        self.attention_factor = float(rope.attention_factor)
+        self.interleaved = bool(interleaved)
+        self.routes: dict = {}  # (module, function) -> Pairing, filled by detect.plan
+        self._update_lock = threading.Lock()
+        if "dynamic" in rope_type:  # transformers' test in dynamic_rope_update
+            self.mode = "dynamic"
+            # continue from the state the model's own module reached (it may have run long inputs)
+            self.original_max_seq_len = int(original.original_max_seq_len)
+            self.max_seq_len_cached = int(original.max_seq_len_cached)
+        elif rope_type == "longrope":
+            self.mode = "longrope"
+            lo = int(original_max_position_embeddings)
+            self.original_max_position_embeddings = lo
+        else:
+            if rope.needs_seq_len:
+                raise UnsupportedModelError(
+                    f"{_ERR}: RopeConfig says rope_type {rope_type!r} depends on the sequence length, but "
+                    "transformers only updates frequencies for 'dynamic' and 'longrope'")
+            self.mode = "static"
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        del state["_update_lock"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._update_lock = threading.Lock()
+
+    @property
+    def rotary_dim(self) -> int:
+        return self.rope.rotary_dim
+
+    def _update_dynamic(self, position_ids: torch.Tensor) -> int:
+        # Mirrors transformers' dynamic_frequency_update: grow past the longest sequence seen, reset
+        # to the original frequencies when a sequence shorter than max_position_embeddings follows.
+        # Returns the length whose frequencies this call uses.
+        seq_len = seq_len_from_positions(position_ids)  # the scheme needs the length (transformers syncs too)
+        with self._update_lock:
+            cached = self.max_seq_len_cached
+            if seq_len > cached:
+                self.max_seq_len_cached = seq_len
+            if seq_len < self.original_max_seq_len and cached > self.original_max_seq_len:
+                self.max_seq_len_cached = self.original_max_seq_len
+            return self.max_seq_len_cached
+
+    def handle(self, position_ids: torch.Tensor, device: torch.device) -> RotaryPositions:
+        # frequencies come from the config's own per-(device, regime) cache (RopeConfig.inv_freq_on)
+        if self.mode == "static":
+            inv_freq = self.rope.inv_freq_on(device)
+        elif self.mode == "dynamic":
+            inv_freq = self.rope.inv_freq_on(device, self._update_dynamic(position_ids))
+        else:  # one short/long choice for the whole batch, as transformers; chosen on the device (no sync)
+            lo = self.original_max_position_embeddings
+            is_long = position_ids.max() + 1 > lo
+            inv_freq = torch.where(is_long, self.rope.inv_freq_on(device, lo + 1), self.rope.inv_freq_on(device, lo))
+        return RotaryPositions(position_ids, inv_freq, self.attention_factor, self.interleaved, self.routes)
+
+
+class PosencRotaryEmbedding(nn.Module):
+    """Replaces a transformers ``*RotaryEmbedding``: returns :class:`RotaryPositions` instead of cos/sin.
+
+    One :class:`Regime` per layer type (key ``None`` when the model has one rotary configuration).
+    The replaced module is kept as the submodule ``original`` (so ``model.to(...)`` moves it and
+    :func:`unpatch` puts it back); its buffers are not used while patched.
+    """
+
+    def __init__(self, original: nn.Module, regimes: dict[Optional[str], Regime]):
+        super().__init__()
+        self.original = original
+        self.regimes = regimes
+
+    def __getattr__(self, name: str):
+        # model code that reads the rotary module's plain attributes (config, layer_types, rope_type, ...)
+        # reads the replaced module's
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            original = self.__dict__.get("_modules", {}).get("original")
+            if name.startswith("_") or name in ("original", "regimes") or original is None:
+                raise
+            return getattr(original, name)
+
+    @property
+    def rope(self) -> RopeConfig:
+        """The :class:`RopeConfig` of the only (or first) layer type."""
+        return next(iter(self.regimes.values())).rope
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{lt or 'all'}: {r.rope_type}, rotary_dim={r.rotary_dim}, "
+                         f"attention_factor={r.attention_factor:g}, interleaved={r.interleaved}"
+                         for lt, r in self.regimes.items())
+
+    def forward(self, x: torch.Tensor, position_ids: Optional[torch.Tensor] = None, layer_type: Optional[str] = None):
+        regime = self.regimes.get(layer_type)
+        if regime is None:
+            raise UnsupportedModelError(f"{_ERR}: the patched rotary embedding was called with layer_type="
+                                        f"{layer_type!r}; it serves {sorted(map(str, self.regimes))}")
+        if position_ids is None:
+            position_ids = torch.arange(x.shape[1], device=x.device)[None]
+        elif position_ids.dim() > 2:
+            raise UnsupportedModelError(f"{_ERR}: position_ids of shape {tuple(position_ids.shape)} (multimodal "
+                                        "rope sections?) are not supported by the patched rotary embedding")
+        handle = regime.handle(position_ids, x.device)
+        return handle, handle  # unpacked by the attention forward as `cos, sin`
+
+    @torch.no_grad()
+    def sync_original(self) -> None:
+        """Bring the replaced module's dynamic-NTK state to ours (by running its own update code)."""
+        regime = self.regimes.get(None)
+        if regime is None or regime.mode != "dynamic":
+            return
+        orig = self.original
+        if int(orig.max_seq_len_cached) == regime.max_seq_len_cached:
+            return
+        buf = getattr(orig, "inv_freq", None)
+        if buf is not None and buf.is_meta:
+            return
+        device = buf.device if isinstance(buf, torch.Tensor) else torch.device("cpu")
+        x = torch.zeros((), device=device)
+        length = regime.original_max_seq_len
+        if length >= 2:  # below max_position_embeddings: resets a grown state
+            orig(x, torch.tensor([[length - 2]], device=device))
+        if regime.max_seq_len_cached > length:  # then grow to our length
+            orig(x, torch.tensor([[regime.max_seq_len_cached - 1]], device=device))

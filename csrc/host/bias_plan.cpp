@@ -105,6 +105,21 @@ at::Tensor relative_position_bias_op(const at::Tensor& weight, int64_t query_len
   return out;
 }
 
+namespace {
+
+// Both backwards: sum the gradient along each diagonal (float64 scratch), then per bucket or slope.
+at::Tensor run_grad(RelativeBiasGradProblem& p, const at::Tensor& grad, at::Tensor& out, const Backend& backend) {
+  if (out.numel() == 0) return out;
+  if (p.query_length == 0 || p.key_length == 0) return out.zero_();
+  at::Tensor diagonal = at::empty({p.heads, p.diagonals()}, grad.options().dtype(at::kDouble));
+  p.diagonal = diagonal.data_ptr<double>();
+  p.out = out.data_ptr();
+  backend.relative_bias_grad(p, grad.scalar_type());
+  return out;
+}
+
+}  // namespace
+
 at::Tensor relative_position_bias_backward_op(const at::Tensor& grad, bool bidirectional, int64_t num_buckets,
                                               int64_t max_distance, int64_t query_offset, const Backend& backend) {
   constexpr const char* op = "posenc.relative_position_bias_backward";
@@ -113,13 +128,7 @@ at::Tensor relative_position_bias_backward_op(const at::Tensor& grad, bool bidir
   p.t5 = t5_bucketing(op, bidirectional, num_buckets, max_distance);
   p.num_buckets = num_buckets;
   at::Tensor out = at::empty({num_buckets, p.heads}, grad.options());
-  if (out.numel() == 0) return out;
-  if (p.query_length == 0 || p.key_length == 0) return out.zero_();
-  at::Tensor diagonal = at::empty({p.heads, p.diagonals()}, grad.options().dtype(at::kDouble));
-  p.diagonal = diagonal.data_ptr<double>();
-  p.out = out.data_ptr();
-  backend.relative_bias_grad(p, grad.scalar_type());
-  return out;
+  return run_grad(p, grad, out, backend);
 }
 
 at::Tensor alibi_bias_op(const at::Tensor& slopes, int64_t query_length, int64_t key_length, int64_t query_offset,
@@ -151,13 +160,7 @@ at::Tensor alibi_bias_backward_op(const at::Tensor& grad, int64_t query_offset, 
   RelativeBiasGradProblem p = grad_problem(op, grad, query_offset);
   p.kind = BiasKind::Alibi;
   at::Tensor out = at::empty({p.heads}, grad.options());
-  if (out.numel() == 0) return out;
-  if (p.query_length == 0 || p.key_length == 0) return out.zero_();
-  at::Tensor diagonal = at::empty({p.heads, p.diagonals()}, grad.options().dtype(at::kDouble));
-  p.diagonal = diagonal.data_ptr<double>();
-  p.out = out.data_ptr();
-  backend.relative_bias_grad(p, grad.scalar_type());
-  return out;
+  return run_grad(p, grad, out, backend);
 }
 
 }  // namespace posenc

@@ -451,18 +451,42 @@ at::Tensor check_inv_freq(const char* op, const at::Tensor& q, const at::Tensor&
   return inv_freq.to(at::kDouble).contiguous();
 }
 
+// What both angle sources do first: q/k checks, the in-place output rules, the problem's sizes.
+struct RopeStart {
+  RopeInputs in;
+  bool in_place;
+  RopeProblem p;
+};
+
+RopeStart start_rope(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor* dst_q,
+                     std::string_view layout) {
+  RopeStart s{check_qk(op, q, k, layout), dst_q == nullptr, RopeProblem{}};
+  if (s.in_place) check_inplace_outputs(op, q, k);
+  s.p.batch = s.in.q.batch;
+  s.p.seq = s.in.q.seq;
+  s.p.head_dim = s.in.q.head_dim;
+  return s;
+}
+
+// ... and last: the operands (fresh outputs, or q and k in place), then the backend's runner.
+void finish_rope(const char* op, RopeStart& s, const at::Tensor& q, const at::Tensor& k, const at::Tensor* dst_q,
+                 const at::Tensor* dst_k, std::string_view layout, const Backend& backend) {
+  RopeProblem& p = s.p;
+  p.copy_passthrough = !s.in_place && p.rot_dim < p.head_dim;
+  fill_operand(p.q, s.in.q, q, s.in_place ? q : *dst_q, layout, op);
+  fill_operand(p.k, s.in.k, k, s.in_place ? k : *dst_k, layout, op);
+  if (p.batch * p.seq > 0 && p.head_dim > 0) backend.rope(p, q.scalar_type());
+}
+
 // Validates, then rotates by frequencies into (dst_q, dst_k): fresh outputs, or q and k in place.
 void rope_frequency(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor* dst_q,
                     const at::Tensor* dst_k, const std::optional<at::Tensor>& positions,
                     const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& inv_freq, double attention_factor,
                     bool interleaved, std::string_view layout, int64_t offset, bool inverse, const Backend& backend) {
-  const RopeInputs in = check_qk(op, q, k, layout);
-  const bool in_place = dst_q == nullptr;
-  if (in_place) check_inplace_outputs(op, q, k);
-  RopeProblem p;
-  p.batch = in.q.batch;
-  p.seq = in.q.seq;
-  p.head_dim = in.q.head_dim;
+  RopeStart s = start_rope(op, q, k, dst_q, layout);
+  const RopeInputs& in = s.in;
+  const bool in_place = s.in_place;
+  RopeProblem& p = s.p;
   PositionInfo info;
   check_positions(op, p, info, q, positions, cu_seqlens, layout, offset, backend);
   const at::Tensor inv64 = check_inv_freq(op, q, inv_freq, in.q.head_dim, attention_factor);
@@ -473,12 +497,9 @@ void rope_frequency(const char* op, const at::Tensor& q, const at::Tensor& k, co
   p.rot_dim = 2 * inv64.size(0);
   p.interleaved = interleaved;
   p.inverse = inverse;
-  p.copy_passthrough = !in_place && p.rot_dim < p.head_dim;
   p.inv_freq = inv64.data_ptr<double>();
   p.attention_factor = attention_factor;
-  fill_operand(p.q, in.q, q, in_place ? q : *dst_q, layout, op);
-  fill_operand(p.k, in.k, k, in_place ? k : *dst_k, layout, op);
-  if (p.batch * p.seq > 0 && p.head_dim > 0) backend.rope(p, q.scalar_type());
+  finish_rope(op, s, q, k, dst_q, dst_k, layout, backend);
 }
 
 }  // namespace
@@ -561,23 +582,17 @@ std::pair<at::Tensor, at::Tensor> cos_sin_problem(const char* op, RopeProblem& p
 void rope_table(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor* dst_q,
                 const at::Tensor* dst_k, const at::Tensor& cos, const at::Tensor& sin,
                 const std::optional<at::Tensor>& positions, std::string_view layout, bool inverse, const Backend& backend) {
-  const RopeInputs in = check_qk(op, q, k, layout);
-  const bool in_place = dst_q == nullptr;
-  if (in_place) check_inplace_outputs(op, q, k);
-  RopeProblem p;
-  p.batch = in.q.batch;
-  p.seq = in.q.seq;
-  p.head_dim = in.q.head_dim;
+  RopeStart s = start_rope(op, q, k, dst_q, layout);
+  const RopeInputs& in = s.in;
+  const bool in_place = s.in_place;
+  RopeProblem& p = s.p;
   PositionInfo info;
   const auto tables = cos_sin_problem(op, p, q, cos, sin, positions, layout, in, info, backend);  // keeps converted tables alive
   if (in_place) {
     check_inputs_apart(op, q, k, {{&tables.first, "cos"}, {&tables.second, "sin"}, {&info.positions, "positions"}});
   }
   p.inverse = inverse;
-  p.copy_passthrough = !in_place && p.rot_dim < p.head_dim;
-  fill_operand(p.q, in.q, q, in_place ? q : *dst_q, layout, op);
-  fill_operand(p.k, in.k, k, in_place ? k : *dst_k, layout, op);
-  if (p.batch * p.seq > 0) backend.rope(p, q.scalar_type());
+  finish_rope(op, s, q, k, dst_q, dst_k, layout, backend);
 }
 
 }  // namespace

@@ -9,60 +9,45 @@
 namespace posenc::cuda {
 namespace {
 
-__global__ void bucket_kernel(const BucketProblem p) {
-  for (int64_t w = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; w < p.numel; w += int64_t{gridDim.x} * blockDim.x) {
-    p.item(w);
-  }
-}
+struct BucketWork {
+  BucketProblem p;
+  __device__ void operator()(int64_t w) const { p.item(w); }
+};
 
 template <typename T>
-__global__ void bias_kernel(const RelativeBiasProblem p) {
-  const int64_t total = p.query_length * p.key_length;
-  for (int64_t w = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; w < total; w += int64_t{gridDim.x} * blockDim.x) {
-    bias_work_item<T>(p, w);
-  }
-}
+struct BiasWork {
+  RelativeBiasProblem p;
+  __device__ void operator()(int64_t w) const { bias_work_item<T>(p, w); }
+};
 
 template <typename T>
-__global__ void diagonal_kernel(const RelativeBiasGradProblem p) {
-  const int64_t total = p.heads * p.diagonals();
-  for (int64_t w = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; w < total; w += int64_t{gridDim.x} * blockDim.x) {
-    diagonal_sum_item<T>(p, w);
-  }
-}
+struct DiagonalWork {
+  RelativeBiasGradProblem p;
+  __device__ void operator()(int64_t w) const { diagonal_sum_item<T>(p, w); }
+};
 
 template <typename T>
-__global__ void bias_grad_kernel(const RelativeBiasGradProblem p) {
-  const int64_t total = bias_grad_items(p);
-  for (int64_t w = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; w < total; w += int64_t{gridDim.x} * blockDim.x) {
-    bias_grad_item<T>(p, w);
-  }
-}
+struct BiasGradWork {
+  RelativeBiasGradProblem p;
+  __device__ void operator()(int64_t w) const { bias_grad_item<T>(p, w); }
+};
 
 }  // namespace
 
-void run_bucket(const BucketProblem& p) {
-  bucket_kernel<<<blocks_for(p.numel), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
+void run_bucket(const BucketProblem& p) { launch_grid_stride(BucketWork{p}, p.numel); }
 
 void run_relative_bias(const RelativeBiasProblem& p, at::ScalarType dtype) {
-  const auto stream = c10::cuda::getCurrentCUDAStream();
   dispatch_float_types(dtype, "posenc.relative_bias", [&](auto tag) {
-    using T = decltype(tag);
-    bias_kernel<T><<<blocks_for(p.query_length * p.key_length), kThreads, 0, stream>>>(p);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_grid_stride(BiasWork<decltype(tag)>{p}, p.query_length * p.key_length);
   });
 }
 
+// Two passes, in order on one stream: diagonal sums, then one output element per thread.
 void run_relative_bias_grad(const RelativeBiasGradProblem& p, at::ScalarType dtype) {
-  const auto stream = c10::cuda::getCurrentCUDAStream();
   dispatch_float_types(dtype, "posenc.relative_bias_backward", [&](auto tag) {
     using T = decltype(tag);
-    diagonal_kernel<T><<<blocks_for(p.heads * p.diagonals()), kThreads, 0, stream>>>(p);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    bias_grad_kernel<T><<<blocks_for(bias_grad_items(p)), kThreads, 0, stream>>>(p);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_grid_stride(DiagonalWork<T>{p}, p.heads * p.diagonals());
+    launch_grid_stride(BiasGradWork<T>{p}, bias_grad_items(p));
   });
 }
 

@@ -8,24 +8,21 @@ namespace posenc::cuda {
 namespace {
 
 template <typename T, int V, bool kInterleaved>
-__global__ void rope_kernel(const RopeProblem p, const RopeChunks chunks) {
-  const int64_t total = p.batch * p.seq * chunks.per_token();
-  for (int64_t w = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; w < total; w += int64_t{gridDim.x} * blockDim.x) {
-    rope_work_item<T, V, kInterleaved>(p, chunks, w);
-  }
-}
+struct RopeWork {
+  RopeProblem p;
+  RopeChunks chunks;
+  __device__ void operator()(int64_t w) const { rope_work_item<T, V, kInterleaved>(p, chunks, w); }
+};
 
 template <typename T, int V>
 void launch(const RopeProblem& p) {
   const RopeChunks chunks = rope_chunks<V>(p);
   const int64_t work = p.batch * p.seq * chunks.per_token();
-  const auto stream = c10::cuda::getCurrentCUDAStream();
   if (p.interleaved) {
-    rope_kernel<T, V, true><<<blocks_for(work), kThreads, 0, stream>>>(p, chunks);
+    launch_grid_stride(RopeWork<T, V, true>{p, chunks}, work);
   } else {
-    rope_kernel<T, V, false><<<blocks_for(work), kThreads, 0, stream>>>(p, chunks);
+    launch_grid_stride(RopeWork<T, V, false>{p, chunks}, work);
   }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 }  // namespace

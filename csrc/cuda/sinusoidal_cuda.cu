@@ -7,21 +7,16 @@ namespace posenc::cuda {
 namespace {
 
 template <typename T>
-__global__ void sinusoidal_kernel(const SinusoidalProblem p) {
-  const int64_t total = sinusoidal_work_items(p);
-  for (int64_t w = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; w < total; w += int64_t{gridDim.x} * blockDim.x) {
-    sinusoidal_work_item<T>(p, w);
-  }
-}
+struct SinusoidalWork {
+  SinusoidalProblem p;
+  __device__ void operator()(int64_t w) const { sinusoidal_work_item<T>(p, w); }
+};
 
 }  // namespace
 
 void run_sinusoidal(const SinusoidalProblem& p, at::ScalarType dtype) {
-  const auto stream = c10::cuda::getCurrentCUDAStream();
   dispatch_float_types(dtype, "posenc.sinusoidal", [&](auto tag) {
-    using T = decltype(tag);
-    sinusoidal_kernel<T><<<blocks_for(sinusoidal_work_items(p)), kThreads, 0, stream>>>(p);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_grid_stride(SinusoidalWork<decltype(tag)>{p}, sinusoidal_work_items(p));
   });
 }
 

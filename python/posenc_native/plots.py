@@ -27,10 +27,7 @@ def plot_sinusoidal(out: str, length: int = 100, dim: int = 128) -> str:
     ax.set_ylabel("position")
     ax.set_title(f"Sinusoidal positional encoding ({length} positions x {dim} dims)")
     fig.colorbar(im, ax=ax)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out)
 
 
 def _rope_score_curve(cfg, distances: torch.Tensor, seq_len=None) -> torch.Tensor:
@@ -107,6 +104,22 @@ def plot_rope(source: str, out: str) -> str:
     ax.legend()
     fig.suptitle(f"{source}: {cfg.rope_type}, rotary dim {cfg.rotary_dim}, base {cfg.base:g}"
                  + (f", layer type {layer_type}" if layer_type else ""))
+    return _save(plt, fig, out)
+
+
+def _plot_heads(ax, x: torch.Tensor, values: torch.Tensor, xlabel: str, title: str, legend_up_to: int) -> None:
+    """One curve per head (rows of ``values``) against ``x``; a legend for up to ``legend_up_to`` heads."""
+    heads = values.shape[0]
+    for h in range(heads):
+        ax.plot(x.numpy(), values[h].numpy(), lw=0.9, label=f"head {h}" if heads <= legend_up_to else None)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("bias")
+    ax.set_title(title)
+    if heads <= legend_up_to:
+        ax.legend(fontsize=7, ncol=2)
+
+
+def _save(plt, fig, out: str) -> str:
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
@@ -156,17 +169,8 @@ def plot_t5_buckets(out: str, num_buckets: int = 32, max_distance: int = 128, he
     ax = axes[1]
     values = bias.relative_position_bias(weight, 1, rel.numel(), max_distance=max_distance,
                                          query_offset=span)[0, :, 0]  # query at 0, keys -span .. span
-    for h in range(heads):
-        ax.plot(rel.numpy(), values[h].numpy(), lw=0.9, label=f"head {h}" if heads <= 12 else None)
-    ax.set_xlabel("relative position (key - query)")
-    ax.set_ylabel("bias")
-    ax.set_title(f"bias per head (bidirectional), {source}")
-    if heads <= 12:
-        ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    _plot_heads(ax, rel, values, "relative position (key - query)", f"bias per head (bidirectional), {source}", 12)
+    return _save(plt, fig, out)
 
 
 def plot_alibi(out: str, heads: int = 16, length: int = 64) -> str:
@@ -185,14 +189,6 @@ def plot_alibi(out: str, heads: int = 16, length: int = 64) -> str:
     ax.set_ylabel("slope")
     ax.set_title(f"ALiBi slopes, {heads} heads" + ("" if heads & (heads - 1) == 0 else " (not a power of two)"))
     ax = axes[1]
-    for h in range(heads):
-        ax.plot(distance.numpy(), values[h].numpy(), lw=0.9, label=f"head {h}" if heads <= 16 else None)
-    ax.set_xlabel("relative position (key - query); keys after the query are masked")
-    ax.set_ylabel("bias")
-    ax.set_title("bias = slope * (key - query)")
-    if heads <= 16:
-        ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    _plot_heads(ax, distance, values, "relative position (key - query); keys after the query are masked",
+                "bias = slope * (key - query)", 16)
+    return _save(plt, fig, out)

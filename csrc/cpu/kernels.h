@@ -1,4 +1,5 @@
-// The CPU backend: its two runners (sinusoidal_cpu.cpp, rope_cpu.cpp), registered in register_cpu.cpp.
+// The CPU backend: its runners (sinusoidal_cpu.cpp, rope_cpu.cpp, relative_bias_cpu.cpp), registered in
+// register_cpu.cpp.
 #pragma once
 #include "host/backend.h"
 
@@ -12,11 +13,5 @@
 #endif
 
 namespace posenc::cpu {
-void run_sinusoidal(const SinusoidalProblem& p, at::ScalarType dtype);
-void run_rope(const RopeProblem& p, at::ScalarType dtype);
-// Relative position biases (relative_bias_cpu.cpp).
-void run_bucket(const BucketProblem& p);
-void run_relative_bias(const RelativeBiasProblem& p, at::ScalarType dtype);
-void run_relative_bias_grad(const RelativeBiasGradProblem& p, at::ScalarType dtype);
-
+POSENC_DECLARE_RUNNERS
 }  // namespace posenc::cpu

@@ -11,6 +11,15 @@
 
 namespace posenc {
 
+// The runners each backend defines in its own namespace (csrc/cpu/kernels.h, csrc/cuda/kernels.h)
+// and lists in its Backend (host/plan.h): one list, so a new op's runner is declared once.
+#define POSENC_DECLARE_RUNNERS                                                            \
+  void run_sinusoidal(const SinusoidalProblem& p, at::ScalarType dtype);                  \
+  void run_rope(const RopeProblem& p, at::ScalarType dtype);                              \
+  void run_bucket(const BucketProblem& p);                                                \
+  void run_relative_bias(const RelativeBiasProblem& p, at::ScalarType dtype);             \
+  void run_relative_bias_grad(const RelativeBiasGradProblem& p, at::ScalarType dtype);
+
 // Calls f(T{}) with T the element type of dtype t.
 template <typename F>
 void dispatch_float_types(at::ScalarType t, const char* op, F&& f) {

@@ -42,7 +42,8 @@ void rotate_heads(const RopeProblem& p, const RopeOperand& o, int64_t b, int64_t
 
 // Tokens [begin, end): per token the factor rows of every pair, then every q and k head rotated with them.
 template <typename T, bool kInterleaved, bool kInverse>
-POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, int64_t begin, int64_t end) {
+POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, OrderFactorsFn order, int64_t begin,
+                                   int64_t end) {
   using M = math_t<T>;
   const int64_t pairs = p.pairs();
   // Factor rows on 64-byte boundaries, so no vector load of them straddles two cache lines.
@@ -52,6 +53,9 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, int64
   M* C = rows.data() + (kAlign - reinterpret_cast<uintptr_t>(rows.data()) / sizeof(M) % kAlign) % kAlign;
   M* S = C + row_len;
   const auto rotate_token = [&](int64_t b, int64_t s) {
+    if constexpr (std::is_same_v<M, float>) {
+      if (order) order(C, S, pairs);
+    }
     rotate_heads<kInterleaved, T>(p, p.q, b, s, C, S, simd);
     rotate_heads<kInterleaved, T>(p, p.k, b, s, C, S, simd);
   };
@@ -82,13 +86,17 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, int64
 template <typename T, bool kInterleaved, bool kInverse>
 void run_typed(const RopeProblem& p) {
   RotateRowFn simd = nullptr;
+  OrderFactorsFn order = nullptr;
   if constexpr (kRowDtype<T> >= 0) {
-    if (const RowKernels* k = row_kernels(cpu_isa())) simd = k->rotate[kRowDtype<T>][kInterleaved ? 1 : 0];
+    if (const RowKernels* k = row_kernels(cpu_isa())) {
+      simd = k->rotate[kRowDtype<T>][kInterleaved ? 1 : 0];
+      order = k->order[kRowDtype<T>][kInterleaved ? 1 : 0];
+    }
   }
   const int64_t per_token = std::max<int64_t>((p.q.heads + p.k.heads) * p.head_dim, 1);
   const int64_t grain = std::max<int64_t>(1, 32768 / per_token);
   at::parallel_for(0, p.batch * p.seq, grain,
-                   [&](int64_t begin, int64_t end) { rope_tokens<T, kInterleaved, kInverse>(p, simd, begin, end); });
+                   [&](int64_t begin, int64_t end) { rope_tokens<T, kInterleaved, kInverse>(p, simd, order, begin, end); });
 }
 
 }  // namespace

@@ -40,6 +40,21 @@ void rotate_heads(const RopeProblem& p, const RopeOperand& o, int64_t b, int64_t
   }
 }
 
+// rotate_heads with rotate_row_uniform (angles from frequencies, float32).
+template <bool kInterleaved, bool kInverse, typename T>
+inline void rotate_heads_uniform(const RopeProblem& p, const RopeOperand& o, int64_t b, int64_t s, const T* c,
+                                 const T* sn) {
+  const T* src = static_cast<const T*>(o.src) + b * o.src_stride_b + s * o.src_stride_s;
+  T* dst = static_cast<T*>(o.dst) + b * o.dst_stride_b + s * o.dst_stride_s;
+  const int64_t pass = p.copy_passthrough ? p.head_dim - p.rot_dim : 0;
+  for (int64_t h = 0; h < o.heads; ++h) {
+    const T* src_row = src + h * o.src_stride_h;
+    T* dst_row = dst + h * o.dst_stride_h;
+    rotate_row_uniform<kInterleaved, kInverse>(src_row, dst_row, p.pairs(), c, sn);
+    if (pass > 0) std::memcpy(dst_row + p.rot_dim, src_row + p.rot_dim, pass * sizeof(T));
+  }
+}
+
 // Tokens [begin, end): per token the factor rows of every pair, then every q and k head rotated with them.
 template <typename T, bool kInterleaved, bool kInverse>
 POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, OrderFactorsFn order, int64_t begin,
@@ -64,10 +79,13 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
     const auto position_of = [&](int64_t t) { return static_cast<double>(p.position(t / p.seq, t % p.seq)); };
     for (int64_t t = begin; t < end; ++t) {
       angles.at(t, position_of);
-      const M* c = angles.cos();
-      const M* sn = angles.sin();
-      for (int64_t i = 0; i < pairs; ++i) set_factors<kInterleaved, kInverse>(C, S, pairs, i, c[i], sn[i], c[i], sn[i]);
-      rotate_token(t / p.seq, t % p.seq);
+      if constexpr (std::is_same_v<T, float>) {  // core/rope.h, rotate_row_uniform: why float32 differs
+        rotate_heads_uniform<kInterleaved, kInverse>(p, p.q, t / p.seq, t % p.seq, angles.cos(), angles.sin());
+        rotate_heads_uniform<kInterleaved, kInverse>(p, p.k, t / p.seq, t % p.seq, angles.cos(), angles.sin());
+      } else {
+        set_factor_rows<kInterleaved, kInverse>(C, S, pairs, angles.cos(), angles.sin());
+        rotate_token(t / p.seq, t % p.seq);
+      }
     }
     return;
   }

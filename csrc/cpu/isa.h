@@ -11,6 +11,9 @@
 // once per process), so every path can be run and compared on a CPU that has it;
 // POSENC_CPU_PORTABLE=1 is the older spelling of POSENC_CPU_ISA=portable.
 //
+// float32 with angles from frequencies takes none of these paths: the compiler-vectorized
+// rotate_row_uniform (core/rope.h) measured faster there; float32 with a cos/sin table does.
+//
 // This header includes nothing from torch: the rows_*.cpp files include it with other -m flags.
 #pragma once
 #include <cstdint>

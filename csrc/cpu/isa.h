@@ -11,6 +11,9 @@
 // once per process), so every path can be run and compared on a CPU that has it;
 // POSENC_CPU_PORTABLE=1 is the older spelling of POSENC_CPU_ISA=portable.
 //
+// float32 with angles from frequencies takes none of these paths: the compiler-vectorized
+// rotate_row_uniform (core/rope.h) measured faster there; float32 with a cos/sin table does.
+//
 // This header includes nothing from torch: the rows_*.cpp files include it with other -m flags.
 #pragma once
 #include <cstdint>
@@ -26,10 +29,16 @@ enum class Isa : int { Portable = 0, Avx2 = 1, Avx512 = 2, Avx512Bf16 = 3 };
 using RotateRowFn = int64_t (*)(const void* src, void* dst, int64_t rows, int64_t src_stride, int64_t dst_stride,
                                 int64_t pairs, const float* C, const float* S);
 
+// Reorders a token's factor rows C and S (rot_dim entries each, core/rope.h set_factors) into the
+// order a row kernel reads them, in place; called once per token, before the rows that use them.
+// nullptr: row order. Entries the kernel does not report done (rotate_row's) stay in row order.
+using OrderFactorsFn = void (*)(float* C, float* S, int64_t pairs);
+
 enum RowDtype : int { kRowFloat = 0, kRowBFloat16 = 1, kRowHalf = 2 };
 
 struct RowKernels {
-  RotateRowFn rotate[3][2];  // [RowDtype][interleaved]
+  RotateRowFn rotate[3][2];    // [RowDtype][interleaved]
+  OrderFactorsFn order[3][2];  // the factor order each of them reads
 };
 
 // The row kernels of each SIMD path, or nullptr where this build has none (rows_*.cpp).

@@ -40,9 +40,25 @@ void rotate_heads(const RopeProblem& p, const RopeOperand& o, int64_t b, int64_t
   }
 }
 
+// rotate_heads with rotate_row_uniform (angles from frequencies, float32).
+template <bool kInterleaved, bool kInverse, typename T>
+inline void rotate_heads_uniform(const RopeProblem& p, const RopeOperand& o, int64_t b, int64_t s, const T* c,
+                                 const T* sn) {
+  const T* src = static_cast<const T*>(o.src) + b * o.src_stride_b + s * o.src_stride_s;
+  T* dst = static_cast<T*>(o.dst) + b * o.dst_stride_b + s * o.dst_stride_s;
+  const int64_t pass = p.copy_passthrough ? p.head_dim - p.rot_dim : 0;
+  for (int64_t h = 0; h < o.heads; ++h) {
+    const T* src_row = src + h * o.src_stride_h;
+    T* dst_row = dst + h * o.dst_stride_h;
+    rotate_row_uniform<kInterleaved, kInverse>(src_row, dst_row, p.pairs(), c, sn);
+    if (pass > 0) std::memcpy(dst_row + p.rot_dim, src_row + p.rot_dim, pass * sizeof(T));
+  }
+}
+
 // Tokens [begin, end): per token the factor rows of every pair, then every q and k head rotated with them.
 template <typename T, bool kInterleaved, bool kInverse>
-POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, int64_t begin, int64_t end) {
+POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, OrderFactorsFn order, int64_t begin,
+                                   int64_t end) {
   using M = math_t<T>;
   const int64_t pairs = p.pairs();
   // Factor rows on 64-byte boundaries, so no vector load of them straddles two cache lines.
@@ -52,6 +68,9 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, int64
   M* C = rows.data() + (kAlign - reinterpret_cast<uintptr_t>(rows.data()) / sizeof(M) % kAlign) % kAlign;
   M* S = C + row_len;
   const auto rotate_token = [&](int64_t b, int64_t s) {
+    if constexpr (std::is_same_v<M, float>) {
+      if (order) order(C, S, pairs);
+    }
     rotate_heads<kInterleaved, T>(p, p.q, b, s, C, S, simd);
     rotate_heads<kInterleaved, T>(p, p.k, b, s, C, S, simd);
   };
@@ -60,10 +79,13 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, int64
     const auto position_of = [&](int64_t t) { return static_cast<double>(p.position(t / p.seq, t % p.seq)); };
     for (int64_t t = begin; t < end; ++t) {
       angles.at(t, position_of);
-      const M* c = angles.cos();
-      const M* sn = angles.sin();
-      for (int64_t i = 0; i < pairs; ++i) set_factors<kInterleaved, kInverse>(C, S, pairs, i, c[i], sn[i], c[i], sn[i]);
-      rotate_token(t / p.seq, t % p.seq);
+      if constexpr (std::is_same_v<T, float>) {  // core/rope.h, rotate_row_uniform: why float32 differs
+        rotate_heads_uniform<kInterleaved, kInverse>(p, p.q, t / p.seq, t % p.seq, angles.cos(), angles.sin());
+        rotate_heads_uniform<kInterleaved, kInverse>(p, p.k, t / p.seq, t % p.seq, angles.cos(), angles.sin());
+      } else {
+        set_factor_rows<kInterleaved, kInverse>(C, S, pairs, angles.cos(), angles.sin());
+        rotate_token(t / p.seq, t % p.seq);
+      }
     }
     return;
   }
@@ -82,13 +104,17 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, int64
 template <typename T, bool kInterleaved, bool kInverse>
 void run_typed(const RopeProblem& p) {
   RotateRowFn simd = nullptr;
+  OrderFactorsFn order = nullptr;
   if constexpr (kRowDtype<T> >= 0) {
-    if (const RowKernels* k = row_kernels(cpu_isa())) simd = k->rotate[kRowDtype<T>][kInterleaved ? 1 : 0];
+    if (const RowKernels* k = row_kernels(cpu_isa())) {
+      simd = k->rotate[kRowDtype<T>][kInterleaved ? 1 : 0];
+      order = k->order[kRowDtype<T>][kInterleaved ? 1 : 0];
+    }
   }
   const int64_t per_token = std::max<int64_t>((p.q.heads + p.k.heads) * p.head_dim, 1);
   const int64_t grain = std::max<int64_t>(1, 32768 / per_token);
   at::parallel_for(0, p.batch * p.seq, grain,
-                   [&](int64_t begin, int64_t end) { rope_tokens<T, kInterleaved, kInverse>(p, simd, begin, end); });
+                   [&](int64_t begin, int64_t end) { rope_tokens<T, kInterleaved, kInverse>(p, simd, order, begin, end); });
 }
 
 }  // namespace

@@ -44,6 +44,15 @@ struct Avx2 {
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
   static F swap_pairs(F x) { return _mm256_permute_ps(x, 0xB1); }  // (x0,x1,x2,x3) -> (x1,x0,x3,x2)
+  // 16 floats at p as (even elements, odd elements) written back in place, for even_odd_factors.
+  static void split_even_odd(float* p) {
+    const __m256 v0 = _mm256_loadu_ps(p), v1 = _mm256_loadu_ps(p + 8);
+    // shuffle_ps works per 128-bit lane: (0,2,8,10 | 4,6,12,14), then the middle quadwords swap.
+    const __m256 even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(v0, v1, 0x88)), 0xD8));
+    const __m256 odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(v0, v1, 0xDD)), 0xD8));
+    _mm256_storeu_ps(p, even);
+    _mm256_storeu_ps(p + 8, odd);
+  }
 };
 
 template <>
@@ -79,9 +88,31 @@ struct Io<Avx2, BFloat16> {
     const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
   }
-  static void store2(uint16_t* p, __m256 lo, __m256 hi) {  // 16 values, one pack and one store
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(round(lo), round(hi)), 0xD8);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), packed);
+  // 16 values as two vectors of the even and of the odd elements (kEvenOdd: the factor rows are
+  // reordered to match, even_odd_factors): a bf16 is the high half of a float32, so this is a shift
+  // and a mask on load, and on store the rounded odd values keep their high halves in place while
+  // the even ones shift down (no widening, packing or cross-lane permute).
+  static constexpr bool kEvenOdd = true;
+  static void load2(const uint16_t* p, __m256& even, __m256& odd) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    even = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+    odd = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+  }
+  // round() before its final shift: the bf16 in the high half (NaN handled by the caller).
+  static __m256i round_high(__m256 v) {
+    const __m256i bits = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    return _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), lsb);
+  }
+  static void store2(uint16_t* p, __m256 even, __m256 odd) {
+    __m256i e = round_high(even), o = round_high(odd);
+    const __m256 any_nan = _mm256_cmp_ps(even, odd, _CMP_UNORD_Q);
+    if (!_mm256_testz_ps(any_nan, any_nan)) [[unlikely]] {
+      const __m256i nan = _mm256_set1_epi32(0x7fc00000);
+      e = _mm256_blendv_epi8(e, nan, _mm256_castps_si256(_mm256_cmp_ps(even, even, _CMP_UNORD_Q)));
+      o = _mm256_blendv_epi8(o, nan, _mm256_castps_si256(_mm256_cmp_ps(odd, odd, _CMP_UNORD_Q)));
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_blend_epi16(_mm256_srli_epi32(e, 16), o, 0xAA));
   }
 };
 #endif
@@ -148,9 +179,22 @@ struct Io<Avx512Bf16, BFloat16> : Io<Avx512, BFloat16> {
 #endif
 #endif
 
-// K vectors stored from v[0..K) at p: one store2 (a policy's packing of two vectors) when it has one.
+template <class IO>
+constexpr bool kEvenOdd = requires { IO::kEvenOdd; };
+
+// K vectors loaded from p into v[0..K) (stored from v): one load2/store2 (a policy's move of two
+// vectors) when it has one.
 template <class I, class IO, int K, typename T, typename F>
-inline void store_n(T* p, const F (&v)[K]) {
+[[gnu::always_inline]] inline void load_n(const T* p, F (&v)[K]) {
+  if constexpr (K == 2 && requires { IO::load2(p, v[0], v[1]); }) {
+    IO::load2(p, v[0], v[1]);
+  } else {
+    for (int k = 0; k < K; ++k) v[k] = IO::load(p + k * I::kLanes);
+  }
+}
+
+template <class I, class IO, int K, typename T, typename F>
+[[gnu::always_inline]] inline void store_n(T* p, const F (&v)[K]) {
   if constexpr (K == 2 && requires { IO::store2(p, v[0], v[1]); }) {
     IO::store2(p, v[0], v[1]);
   } else {
@@ -161,30 +205,35 @@ inline void store_n(T* p, const F (&v)[K]) {
 // K vectors of one row from element j: out[j] = x[j] * C[j] + x[partner(j)] * S[j] (core/rope.h,
 // rotate_row). Interleaved, j runs over the row and the partner vector is x with each pair swapped;
 // half-split, j runs over the first half and the partner of a = row[j] is b = row[j + pairs].
+// With an even/odd policy (K = 2) the two vectors hold the even and the odd elements of 2W, so the
+// interleaved partner of one is the other, and the factor rows are in that order (even_odd_factors).
+// Always inlined: GCC otherwise keeps the two-vector step as a call per step (seen in a profile),
+// about 10% of the fp32 time.
 template <class I, class D, bool kInterleaved, int K>
-inline void rotate_block(const typename D::T* src, typename D::T* dst, int64_t j, int64_t pairs, const float* C,
+[[gnu::always_inline]] inline void rotate_block(const typename D::T* src, typename D::T* dst, int64_t j, int64_t pairs, const float* C,
                          const float* S) {
   using IO = Io<I, D>;
   constexpr int W = I::kLanes;
-  typename I::F out_a[K], out_b[K];
+  constexpr bool kEo = K == 2 && kEvenOdd<IO>;
+  typename I::F a[K], b[K], out_a[K], out_b[K];
+  load_n<I, IO>(src + j, a);
+  if constexpr (!kInterleaved) load_n<I, IO>(src + pairs + j, b);
   for (int k = 0; k < K; ++k) {
     const int64_t e = j + k * W;
     if constexpr (kInterleaved) {
-      const auto x = IO::load(src + e);
-      out_a[k] = I::add(I::mul(x, I::loadf(C + e)), I::mul(I::swap_pairs(x), I::loadf(S + e)));
+      const auto partner = kEo ? a[1 - k] : I::swap_pairs(a[k]);
+      out_a[k] = I::add(I::mul(a[k], I::loadf(C + e)), I::mul(partner, I::loadf(S + e)));
     } else {
-      const auto a = IO::load(src + e);
-      const auto b = IO::load(src + pairs + e);
-      out_a[k] = I::add(I::mul(a, I::loadf(C + e)), I::mul(b, I::loadf(S + e)));
-      out_b[k] = I::add(I::mul(b, I::loadf(C + pairs + e)), I::mul(a, I::loadf(S + pairs + e)));
+      out_a[k] = I::add(I::mul(a[k], I::loadf(C + e)), I::mul(b[k], I::loadf(S + e)));
+      out_b[k] = I::add(I::mul(b[k], I::loadf(C + pairs + e)), I::mul(a[k], I::loadf(S + pairs + e)));
     }
   }
   store_n<I, IO>(dst + j, out_a);
   if constexpr (!kInterleaved) store_n<I, IO>(dst + pairs + j, out_b);
 }
 
-// The row kernel (isa.h, RotateRowFn): two vectors per step (fewer loop instructions, and bf16 packs
-// two vectors per store), then single vectors; returns the pairs done per row.
+// The row kernel (isa.h, RotateRowFn): two vectors per step (fewer loop instructions, and 16-bit
+// types move two vectors per load and store), then single vectors; returns the pairs done per row.
 template <class I, class D, bool kInterleaved>
 int64_t rotate_row_simd(const void* src_v, void* dst_v, int64_t rows, int64_t src_stride, int64_t dst_stride,
                         int64_t pairs, const float* C, const float* S) {
@@ -202,14 +251,45 @@ int64_t rotate_row_simd(const void* src_v, void* dst_v, int64_t rows, int64_t sr
   return kInterleaved ? full / 2 : full;
 }
 
+// isa.h, OrderFactorsFn: for an even/odd policy, the factor entries its two-vector steps read
+// (blocks of 2W from the start of the row, or of each half) reordered as (even elements, odd
+// elements) per block; the rest stay in row order for the single-vector steps and rotate_row.
+template <class I, bool kInterleaved>
+void even_odd_factors(float* C, float* S, int64_t pairs) {
+  constexpr int W = I::kLanes;
+  const int64_t n = kInterleaved ? 2 * pairs : pairs;
+  const int64_t twos = n / (2 * W) * (2 * W);
+  for (int half = 0; half < (kInterleaved ? 1 : 2); ++half) {
+    for (int64_t j = half * pairs; j < half * pairs + twos; j += 2 * W) {
+      I::split_even_odd(C + j);
+      I::split_even_odd(S + j);
+    }
+  }
+}
+
 template <class I, class D>
 constexpr RotateRowFn kRotate[2] = {rotate_row_simd<I, D, false>, rotate_row_simd<I, D, true>};
 
-// The table of one instruction set, indexed as RowKernels::rotate.
+template <class I, class D, bool kInterleaved>
+constexpr OrderFactorsFn order_factors() {
+  if constexpr (kEvenOdd<Io<I, D>>) {
+    return even_odd_factors<I, kInterleaved>;
+  } else {
+    return nullptr;  // factor rows in row order
+  }
+}
+
+template <class I, class D>
+constexpr OrderFactorsFn kOrder[2] = {order_factors<I, D, false>(), order_factors<I, D, true>()};
+
+// The table of one instruction set, indexed as RowKernels::rotate and RowKernels::order.
 template <class I>
 constexpr RowKernels kRowKernels = {{{kRotate<I, Float>[0], kRotate<I, Float>[1]},
                                      {kRotate<I, BFloat16>[0], kRotate<I, BFloat16>[1]},
-                                     {kRotate<I, Half>[0], kRotate<I, Half>[1]}}};
+                                     {kRotate<I, Half>[0], kRotate<I, Half>[1]}},
+                                    {{kOrder<I, Float>[0], kOrder<I, Float>[1]},
+                                     {kOrder<I, BFloat16>[0], kOrder<I, BFloat16>[1]},
+                                     {kOrder<I, Half>[0], kOrder<I, Half>[1]}}};
 
 }  // namespace
 }  // namespace posenc::cpu

@@ -164,7 +164,7 @@ def default_inv_freq(head_dim: int, base: float = 10000.0) -> torch.Tensor:
 
 def yarn_inline(head_dim: int, base: float, factor: float, original: int, beta_fast: float = 32.0,
                 beta_slow: float = 1.0) -> tuple[torch.Tensor, float]:
-    """YaRN frequencies and attention factor, DESIGN.md section 3, in float64."""
+    """YaRN frequencies and attention factor, docs/architecture.md section 3 and the YaRN formula, in float64."""
     d = head_dim
     inv = default_inv_freq(d, base)
 
@@ -190,9 +190,9 @@ def yarn_params(head_dim: int, base: float, factor: float, original: int) -> tup
                                      "original_max_position_embeddings": original})
         inv, att = cfg.inv_freq().to(torch.float64), float(cfg.attention_factor)
     except (TypeError, ValueError, AttributeError):  # a RopeConfig without scaling support yet
-        return inv_ref, att_ref, "inline (DESIGN.md section 3)"
+        return inv_ref, att_ref, "inline (the YaRN formula)"
     if inv.shape != inv_ref.shape or not torch.allclose(inv, inv_ref, rtol=1e-12) or abs(att - att_ref) > 1e-12:
-        raise SystemExit("bench_cpu: RopeConfig's YaRN disagrees with DESIGN.md section 3")
+        raise SystemExit("bench_cpu: RopeConfig's YaRN disagrees with the YaRN formula")
     return inv, att, "posenc_native.RopeConfig"
 
 

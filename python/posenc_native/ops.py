@@ -215,15 +215,22 @@ def rope_seq_len(config: "RopeConfig", q: torch.Tensor, positions: Optional[torc
 
 def _resolve_rope_args(q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset,
                        cu_seqlens, rotary_dim):
-    if not isinstance(layout, str) or layout not in LAYOUTS:
+    n = _LAYOUT_DIMS.get(layout) if isinstance(layout, str) else None
+    if n is None:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    n = _LAYOUT_DIMS[layout]
-    shape_text = "[tokens, heads, head_dim]" if layout == "thd" else f"{n}-D ({layout})"
-    q = _check_tensor("q", q, dims=(n,), shape_text=shape_text + f" for layout {layout!r}")
-    _check_tensor("k", k, optional=True, dims=(n,), shape_text=shape_text + f" for layout {layout!r}")
-    _check_tensor("positions", positions, optional=True)
-    _check_tensor("cu_seqlens", cu_seqlens, optional=True)
-    _check_tensor("inv_freq", inv_freq, optional=True)
+    Tensor = torch.Tensor
+    # one cheap test for the common call (this runs on every decode step); the named checks only
+    # run to explain a failure
+    if not (isinstance(q, Tensor) and q.dim() == n and (k is None or (isinstance(k, Tensor) and k.dim() == n))
+            and (positions is None or isinstance(positions, Tensor))
+            and (cu_seqlens is None or isinstance(cu_seqlens, Tensor))
+            and (inv_freq is None or isinstance(inv_freq, Tensor))):
+        shape_text = "[tokens, heads, head_dim]" if layout == "thd" else f"{n}-D ({layout})"
+        _check_tensor("q", q, dims=(n,), shape_text=shape_text + f" for layout {layout!r}")
+        _check_tensor("k", k, optional=True, dims=(n,), shape_text=shape_text + f" for layout {layout!r}")
+        _check_tensor("positions", positions, optional=True)
+        _check_tensor("cu_seqlens", cu_seqlens, optional=True)
+        _check_tensor("inv_freq", inv_freq, optional=True)
     offset = _check_int("offset", offset)
     if isinstance(offset, int) and not -(2 ** 63) <= offset < 2 ** 63:
         raise ValueError(f"offset must fit in int64, got {offset}")

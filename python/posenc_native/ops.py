@@ -6,17 +6,16 @@ the op schemas of csrc/registration.cpp and teaches torch.compile/export and aut
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
 
 from ._library import load_library
 from ._rope_math import HEAD_AXIS, LAYOUTS, SEQ_AXIS, seq_len_from_positions
+from .config import RopeConfig
 
 load_library()
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .config import RopeConfig
 
 Positions = Union[int, torch.Tensor, Sequence[int]]
 _LAYOUT_DIMS = {"bshd": 4, "bhsd": 4, "thd": 3}
@@ -237,7 +236,6 @@ def _resolve_rope_args(q, k, positions, config, inv_freq, attention_factor, inte
     rotary_dim = _check_int("rotary_dim", rotary_dim, optional=True)
     head_dim = q.shape[-1]
     if config is not None:
-        from .config import RopeConfig
         if not isinstance(config, RopeConfig):
             raise TypeError(f"config must be a RopeConfig, got {type(config).__name__}")
         if inv_freq is not None:

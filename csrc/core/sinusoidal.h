@@ -40,7 +40,6 @@ struct SinusoidalProblem {
   const void* positions = nullptr;
   IndexKind positions_kind = IndexKind::Int64;
   int64_t pos_stride_b = 0, pos_stride_s = 0;
-  double position_offset = 0;
   const void* x = nullptr;
   int64_t x_stride_b = 0, x_stride_s = 0, x_stride_d = 1;
   double x_scale = 1.0;
@@ -48,7 +47,7 @@ struct SinusoidalProblem {
   int64_t out_stride_b = 0, out_stride_s = 0;  // out's last dim is contiguous
 
   POSENC_HD double position(int64_t b, int64_t s) const {
-    return load_as_double(positions, positions_kind, b * pos_stride_b + s * pos_stride_s) + position_offset;
+    return load_as_double(positions, positions_kind, b * pos_stride_b + s * pos_stride_s);
   }
 };
 

@@ -17,8 +17,6 @@ Measuring helpers (median timing, steady-state malloc, the table) are bench_cpu.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -27,7 +25,7 @@ from typing import Optional
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_cpu import Goal, Row, Settings, bench, check, cpu_model, print_table, steady_malloc  # noqa: E402
+from bench_cpu import Goal, Row, Settings, bench, check, print_header, print_table, steady_malloc  # noqa: E402
 
 import posenc_native as pn  # noqa: E402
 
@@ -90,14 +88,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                         min_time=0.05 if args.quick else 0.5, compile=False)
     H, L = (4, 256) if args.quick else (16, 2048)
 
-    command = " ".join(["python", os.path.relpath(__file__)] + (sys.argv[1:] if argv is None else argv))
-    info = pn.build_info()
-    print("posenc-native relative-bias CPU benchmark" + (" (--quick: smoke-test sizes)" if args.quick else ""))
-    print(f"command:  {command}")
-    load = f", load average {os.getloadavg()[0]:.2f} at start" if hasattr(os, "getloadavg") else ""
-    print(f"machine:  {cpu_model()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}{load}")
-    print(f"software: python {platform.python_version()}, torch {torch.__version__}, posenc-native {info['version']} "
-          f"({info['cxx_compiler']})")
+    print_header("posenc-native relative-bias CPU benchmark", __file__, argv, args.quick)
     print(f"malloc:   {allocator}")
     print(f"timing:   median of >= {settings.repeat} calls (and >= {settings.min_time} s) after {settings.warmup} "
           "warm-up; ratio = ours / baseline")

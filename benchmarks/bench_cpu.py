@@ -427,6 +427,19 @@ def steady_malloc() -> str:
     return "glibc, mmap/trim thresholds raised (steady-state reuse, no first-touch faults)" if ok else "glibc (mallopt failed)"
 
 
+def print_header(title: str, script: str, argv, quick: bool) -> dict:
+    """The lines every benchmark starts with (what ran, where, with which software); returns build_info()."""
+    command = " ".join(["python", os.path.relpath(script)] + (sys.argv[1:] if argv is None else argv))
+    info = pn.build_info()
+    print(title + (" (--quick: smoke-test sizes)" if quick else ""))
+    print(f"command:  {command}")
+    load = f", load average {os.getloadavg()[0]:.2f} at start" if hasattr(os, "getloadavg") else ""
+    print(f"machine:  {cpu_model()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}{load}")
+    print(f"software: python {platform.python_version()}, torch {torch.__version__}, posenc-native {info['version']} "
+          f"({info['cxx_compiler']})")
+    return info
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (a smoke test)")
@@ -451,14 +464,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                         compile=not args.no_compile,
                         clock=time.thread_time if args.clock == "cpu" else time.perf_counter)
 
-    command = " ".join(["python", os.path.relpath(__file__)] + (sys.argv[1:] if argv is None else argv))
-    info = pn.build_info()
-    print("posenc-native CPU benchmark" + (" (--quick: smoke-test sizes)" if args.quick else ""))
-    print(f"command:  {command}")
-    load = f", load average {os.getloadavg()[0]:.2f} at start" if hasattr(os, "getloadavg") else ""
-    print(f"machine:  {cpu_model()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}{load}")
-    print(f"software: python {platform.python_version()}, torch {torch.__version__}, posenc-native {info['version']} "
-          f"({info['cxx_compiler']})")
+    info = print_header("posenc-native CPU benchmark", __file__, argv, args.quick)
     isa = info.get("cpu_isa", "unknown (a library without POSENC_CPU_ISA)")
     print(f"CPU path: {isa} (POSENC_CPU_ISA={os.environ.get('POSENC_CPU_ISA', '')!r} caps it)")
     print(f"malloc:   {allocator}")

@@ -1,6 +1,6 @@
 // Shared by the CPU and CUDA backends: host/device qualifiers and the math type of each dtype.
 #pragma once
-#include <c10/util/BFloat16.h>
+#include <torch/headeronly/util/BFloat16.h>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>

@@ -1,7 +1,7 @@
 // Which CPU path runs: detection, the POSENC_CPU_ISA cap, and the row-kernel tables (isa.h).
 #include "cpu/isa.h"
 
-#include <c10/util/Exception.h>
+#include "host/stable.h"
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -37,7 +37,7 @@ Isa cap() {
   for (int i = 0; i < 4; ++i) {
     if (std::strcmp(want, kNames[i]) == 0) return static_cast<Isa>(i);
   }
-  TORCH_CHECK(false, "posenc: environment variable POSENC_CPU_ISA=", want,
+  posenc::fail("posenc: environment variable POSENC_CPU_ISA=", want,
               " is not a CPU path: expected portable, avx2, avx512 or avx512bf16");
 }
 

@@ -7,6 +7,6 @@ constexpr Backend kCpuBackend{run_sinusoidal, run_rope, always, run_bucket, run_
 }  // namespace
 }  // namespace posenc::cpu
 
-TORCH_LIBRARY_IMPL(posenc, CPU, m) {
+STABLE_TORCH_LIBRARY_IMPL(posenc, CPU, m) {
   posenc::register_kernels<posenc::cpu::kCpuBackend, posenc::NoDeviceGuard>(m);
 }

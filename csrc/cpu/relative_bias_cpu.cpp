@@ -3,7 +3,6 @@
 // per relative position, shared by all heads) and writes every output row as a copy of a window
 // of that table: one pass over the output, as fast as filling it. The backward sums the gradient
 // along diagonals in fixed row blocks (the same sums for any thread count), then per bucket.
-#include <ATen/Parallel.h>
 
 #include <cstring>
 #include <vector>
@@ -36,7 +35,7 @@ void table_range(const RelativeBiasProblem& p, T* dst, int64_t dst_stride_h, int
 
 template <typename T>
 void build_table(const RelativeBiasProblem& p, T* dst, int64_t dst_stride_h) {
-  at::parallel_for(0, p.diagonals(), 4096, [&](int64_t begin, int64_t end) {
+  torch::stable::parallel_for(0, p.diagonals(), 4096, [&](int64_t begin, int64_t end) {
     table_range<T>(p, dst, dst_stride_h, begin, end);
   });
 }
@@ -76,7 +75,7 @@ void run_bias_typed(const RelativeBiasProblem& p) {
   // Row i of head h is the window t = Lq-1-i .. Lq-1-i+Lk-1 of the table (t = j - i + Lq - 1).
   const bool stream = p.heads * lq * lk * static_cast<int64_t>(sizeof(T)) >= (int64_t{16} << 20);
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(lk, 1));
-  at::parallel_for(0, p.heads * lq, grain, [&](int64_t begin, int64_t end) {
+  torch::stable::parallel_for(0, p.heads * lq, grain, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const int64_t h = row / lq, i = row % lq;
       const T* window = table.data() + h * nd + (lq - 1 - i);
@@ -113,7 +112,7 @@ void run_grad_typed(const RelativeBiasGradProblem& p) {
   const int64_t rows_per_block = (lq + blocks - 1) / blocks;
   std::vector<double> partial(static_cast<size_t>(heads * blocks * nd), 0.0);
   const T* grad = static_cast<const T*>(p.grad);
-  at::parallel_for(0, heads * blocks, 1, [&](int64_t begin, int64_t end) {
+  torch::stable::parallel_for(0, heads * blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t u = begin; u < end; ++u) {
       const int64_t h = u / blocks, blk = u % blocks;
       const int64_t i0 = blk * rows_per_block, i1 = std::min(lq, i0 + rows_per_block);
@@ -149,16 +148,16 @@ void run_grad_typed(const RelativeBiasGradProblem& p) {
 }  // namespace
 
 void run_bucket(const BucketProblem& p) {
-  at::parallel_for(0, p.numel, 16384, [&](int64_t begin, int64_t end) {
+  torch::stable::parallel_for(0, p.numel, 16384, [&](int64_t begin, int64_t end) {
     for (int64_t w = begin; w < end; ++w) p.item(w);
   });
 }
 
-void run_relative_bias(const RelativeBiasProblem& p, at::ScalarType dtype) {
+void run_relative_bias(const RelativeBiasProblem& p, ScalarType dtype) {
   dispatch_float_types(dtype, "posenc.relative_bias", [&](auto tag) { run_bias_typed<decltype(tag)>(p); });
 }
 
-void run_relative_bias_grad(const RelativeBiasGradProblem& p, at::ScalarType dtype) {
+void run_relative_bias_grad(const RelativeBiasGradProblem& p, ScalarType dtype) {
   dispatch_float_types(dtype, "posenc.relative_bias_backward", [&](auto tag) { run_grad_typed<decltype(tag)>(p); });
 }
 

@@ -2,8 +2,6 @@
 // once (from inv_freq, or read from the given table) into factor rows C/S (core/rope.h) and reused
 // for all q and k heads, each head row rotated by the SIMD kernel of the CPU path (isa.h) and
 // finished by the portable loop.
-#include <ATen/Parallel.h>
-#include <torch/library.h>
 #include <cstring>
 #include <vector>
 
@@ -113,13 +111,13 @@ void run_typed(const RopeProblem& p) {
   }
   const int64_t per_token = std::max<int64_t>((p.q.heads + p.k.heads) * p.head_dim, 1);
   const int64_t grain = std::max<int64_t>(1, 32768 / per_token);
-  at::parallel_for(0, p.batch * p.seq, grain,
+  torch::stable::parallel_for(0, p.batch * p.seq, grain,
                    [&](int64_t begin, int64_t end) { rope_tokens<T, kInterleaved, kInverse>(p, simd, order, begin, end); });
 }
 
 }  // namespace
 
-void run_rope(const RopeProblem& p, at::ScalarType dtype) {
+void run_rope(const RopeProblem& p, ScalarType dtype) {
   dispatch_float_types(dtype, "posenc.rope", [&](auto tag) {
     using T = decltype(tag);
     if (p.interleaved) {

@@ -1,7 +1,5 @@
 // CPU kernels of the sinusoidal ops: rows in parallel; per row one vectorized pass computes the
 // sin/cos of every pair, a second writes them in the requested layout (plus x * x_scale).
-#include <ATen/Parallel.h>
-#include <torch/library.h>
 #include <cmath>
 #include <vector>
 
@@ -96,13 +94,13 @@ void run_typed(const SinusoidalProblem& p) {
   for (int64_t i = 0; i < p.params.half; ++i) freq[i] = p.params.frequency(i);
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(p.params.dim, 1));
   const int64_t units = (p.pos_stride_b == 0 ? 1 : p.batch) * p.seq;  // see sinusoidal_rows
-  at::parallel_for(0, units, grain,
+  torch::stable::parallel_for(0, units, grain,
                    [&](int64_t begin, int64_t end) { sinusoidal_rows<T>(p, freq.data(), begin, end); });
 }
 
 }  // namespace
 
-void run_sinusoidal(const SinusoidalProblem& p, at::ScalarType dtype) {
+void run_sinusoidal(const SinusoidalProblem& p, ScalarType dtype) {
   dispatch_float_types(dtype, "posenc.sinusoidal", [&](auto tag) { run_typed<decltype(tag)>(p); });
 }
 

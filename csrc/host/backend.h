@@ -1,10 +1,12 @@
-// What a backend (csrc/cpu, csrc/cuda) shares: dtype dispatch and the registration of every op's
-// kernel. A backend supplies only its Backend (runners) and its device guard; the argument handling
-// is host/plan.cpp's, the same for every device.
+// What a backend (csrc/cpu, csrc/cuda) shares: the registration of every op's kernel through the
+// stable ABI. A backend supplies only its Backend (runners) and its device guard; the argument
+// handling is csrc/host's, the same for every device, and the arguments arrive as the op's struct
+// (registration.h), unboxed once from the dispatcher's stack.
 #pragma once
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
+
+#include <tuple>
+#include <type_traits>
 
 #include "host/bias_plan.h"
 #include "host/plan.h"
@@ -13,96 +15,62 @@ namespace posenc {
 
 // The runners each backend defines in its own namespace (csrc/cpu/kernels.h, csrc/cuda/kernels.h)
 // and lists in its Backend (host/plan.h): one list, so a new op's runner is declared once.
-#define POSENC_DECLARE_RUNNERS                                                            \
-  void run_sinusoidal(const SinusoidalProblem& p, at::ScalarType dtype);                  \
-  void run_rope(const RopeProblem& p, at::ScalarType dtype);                              \
-  void run_bucket(const BucketProblem& p);                                                \
-  void run_relative_bias(const RelativeBiasProblem& p, at::ScalarType dtype);             \
-  void run_relative_bias_grad(const RelativeBiasGradProblem& p, at::ScalarType dtype);
+#define POSENC_DECLARE_RUNNERS                                                         \
+  void run_sinusoidal(const SinusoidalProblem& p, ScalarType dtype);                   \
+  void run_rope(const RopeProblem& p, ScalarType dtype);                               \
+  void run_bucket(const BucketProblem& p);                                             \
+  void run_relative_bias(const RelativeBiasProblem& p, ScalarType dtype);              \
+  void run_relative_bias_grad(const RelativeBiasGradProblem& p, ScalarType dtype);
 
-// Calls f(T{}) with T the element type of dtype t.
-template <typename F>
-void dispatch_float_types(at::ScalarType t, const char* op, F&& f) {
-  switch (t) {
-    case at::kFloat: f(float{}); break;
-    case at::kDouble: f(double{}); break;
-    case at::kHalf: f(c10::Half{}); break;
-    case at::kBFloat16: f(c10::BFloat16{}); break;
-    default: TORCH_CHECK(false, op, ": unsupported dtype ", t);
+struct NoDeviceGuard {
+  explicit NoDeviceGuard(const Tensor&) {}
+};
+
+namespace detail {
+
+// The first tensor argument: its device is the one the kernel runs on (every op has one).
+template <typename Args>
+const Tensor& lead_tensor(const Args& a) {
+  const Tensor* lead = nullptr;
+  a.visit([&](const auto& v) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(v)>, Tensor>) {
+      if (lead == nullptr) lead = &v;
+    }
+  });
+  return *lead;
+}
+
+inline void box(StableIValue* stack, Tensor t) { stack[0] = torch::stable::detail::from(std::move(t)); }
+inline void box(StableIValue* stack, std::tuple<Tensor, Tensor> t) {
+  stack[0] = torch::stable::detail::from(std::move(std::get<0>(t)));
+  stack[1] = torch::stable::detail::from(std::move(std::get<1>(t)));
+}
+
+// The boxed kernel of one op on one backend: the stable ABI's calling convention (inputs on the
+// stack, owned by the kernel; outputs written back in their place).
+template <typename Args, auto Op, const Backend& kBackend, typename Guard>
+void boxed_kernel(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
+  POSENC_CHECK(num_args == Args::count, "posenc: the registered schema has ", num_args, " arguments, the kernel ",
+               Args::count);
+  const Args a = Args::unbox(stack);
+  const Guard guard(lead_tensor(a));
+  if constexpr (std::is_void_v<decltype(Op(a, kBackend))>) {
+    Op(a, kBackend);
+  } else {
+    box(stack, Op(a, kBackend));
   }
 }
 
-struct NoDeviceGuard {
-  explicit NoDeviceGuard(const at::Device&) {}
-};
+}  // namespace detail
 
-// m.impl of every op for one dispatch key: validate (plan.cpp), then run on this backend.
+// m.impl of every op (registration.h, POSENC_OPS) for one dispatch key: name_op of csrc/host, run
+// on this backend.
 template <const Backend& kBackend, typename Guard>
-void register_kernels(torch::Library& m) {
-  using OptTensor = std::optional<at::Tensor>;
-  m.impl("sinusoidal_table", [](const at::Tensor& positions, int64_t dim, double base, bool interleaved,
-                                double freq_shift, double angle_scale, bool cos_first, at::ScalarType dtype) {
-    const Guard guard(positions.device());
-    return sinusoidal_table_op(positions, dim, base, interleaved, freq_shift, angle_scale, cos_first, dtype,
-                               kBackend);
-  });
-  m.impl("add_sinusoidal", [](const at::Tensor& x, const at::Tensor& positions, double x_scale, double base,
-                              bool interleaved, double freq_shift, double angle_scale, bool cos_first) {
-    const Guard guard(x.device());
-    return add_sinusoidal_op(x, positions, x_scale, base, interleaved, freq_shift, angle_scale, cos_first,
-                             kBackend);
-  });
-  m.impl("rope", [](const at::Tensor& q, const at::Tensor& k, const OptTensor& positions, const OptTensor& cu_seqlens,
-                    const at::Tensor& inv_freq, double attention_factor, bool interleaved, c10::string_view layout,
-                    int64_t offset, bool inverse) {
-    const Guard guard(q.device());
-    return rope_op(q, k, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, inverse,
-                   kBackend);
-  });
-  m.impl("rope_", [](const at::Tensor& q, const at::Tensor& k, const OptTensor& positions, const OptTensor& cu_seqlens,
-                     const at::Tensor& inv_freq, double attention_factor, bool interleaved, c10::string_view layout,
-                     int64_t offset, bool inverse) {
-    const Guard guard(q.device());
-    rope_inplace_op(q, k, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, inverse,
-                    kBackend);
-  });
-  m.impl("rope_cos_sin", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
-                            const OptTensor& positions, c10::string_view layout, bool inverse) {
-    const Guard guard(q.device());
-    return rope_cos_sin_op(q, k, cos, sin, positions, layout, inverse, kBackend);
-  });
-  m.impl("rope_cos_sin_", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
-                             const OptTensor& positions, c10::string_view layout, bool inverse) {
-    const Guard guard(q.device());
-    rope_cos_sin_inplace_op(q, k, cos, sin, positions, layout, inverse, kBackend);
-  });
-  // Relative position biases (host/bias_plan.h).
-  m.impl("t5_relative_position_bucket", [](const at::Tensor& relative_position, bool bidirectional, int64_t num_buckets,
-                                           int64_t max_distance) {
-    const Guard guard(relative_position.device());
-    return t5_relative_position_bucket_op(relative_position, bidirectional, num_buckets, max_distance, kBackend);
-  });
-  m.impl("relative_position_bias", [](const at::Tensor& weight, int64_t query_length, int64_t key_length,
-                                      bool bidirectional, int64_t num_buckets, int64_t max_distance,
-                                      int64_t query_offset) {
-    const Guard guard(weight.device());
-    return relative_position_bias_op(weight, query_length, key_length, bidirectional, num_buckets, max_distance,
-                                     query_offset, kBackend);
-  });
-  m.impl("relative_position_bias_backward", [](const at::Tensor& grad, bool bidirectional, int64_t num_buckets,
-                                               int64_t max_distance, int64_t query_offset) {
-    const Guard guard(grad.device());
-    return relative_position_bias_backward_op(grad, bidirectional, num_buckets, max_distance, query_offset, kBackend);
-  });
-  m.impl("alibi_bias", [](const at::Tensor& slopes, int64_t query_length, int64_t key_length, int64_t query_offset,
-                          std::optional<at::ScalarType> dtype) {
-    const Guard guard(slopes.device());
-    return alibi_bias_op(slopes, query_length, key_length, query_offset, dtype, kBackend);
-  });
-  m.impl("alibi_bias_backward", [](const at::Tensor& grad, int64_t query_offset) {
-    const Guard guard(grad.device());
-    return alibi_bias_backward_op(grad, query_offset, kBackend);
-  });
+void register_kernels(torch::stable::detail::StableLibrary& m) {
+#define POSENC_IMPL(name, Args, returns, module, ...) \
+  m.impl(#name, &detail::boxed_kernel<Args, &name##_op, kBackend, Guard>);
+  POSENC_OPS(POSENC_IMPL)
+#undef POSENC_IMPL
 }
 
 }  // namespace posenc

@@ -1,7 +1,7 @@
 // Exact memory-overlap tests for strided tensors, used by the host checks of the in-place ops.
 //
-// at::get_overlap_status answers "TooHard" for any two non-dense views of one buffer, which covers
-// both the legitimate case (q and k head slices of one fused qkv projection: interleaved rows, no
+// ATen's own overlap check (get_overlap_status) answers "TooHard" for any two non-dense views of one
+// buffer, which covers both the legitimate case (q and k head slices of one fused qkv projection: interleaved rows, no
 // shared element) and real overlaps (b[:, :, 0:4] and b[:, :, 2:6]). These functions decide exactly.
 //
 // A tensor is seen as a set of byte intervals: base + sum_d i_d * stride_d, each `width` bytes long
@@ -11,10 +11,11 @@
 // steps per dimension instead of one per row. A work budget bounds pathological layouts; past it
 // the answer is "may overlap", which callers report as an error, never as "no overlap".
 #pragma once
-#include <ATen/ATen.h>
 #include <algorithm>
 #include <cstdint>
 #include <vector>
+
+#include "host/stable.h"
 
 namespace posenc::overlap {
 
@@ -37,13 +38,15 @@ enum class Answer { No, Yes, Unknown };
 
 // The byte intervals of t (numel > 0). Size-1 and stride-0 dims are dropped (a stride-0 dim repeats
 // the same bytes, which matters for internal overlap only: see has_internal_overlap).
-inline Layout layout_of(const at::Tensor& t) {
+inline Layout layout_of(const Tensor& t) {
   Layout l;
   const int64_t item = static_cast<int64_t>(t.element_size());
   l.base = static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr()));
   l.width = item;
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    if (t.size(d) > 1 && t.stride(d) != 0) l.dims.push_back({t.size(d), t.stride(d) * item});
+  const auto size = t.sizes();
+  const auto stride = t.strides();
+  for (size_t d = 0; d < size.size(); ++d) {
+    if (size[d] > 1 && stride[d] != 0) l.dims.push_back({size[d], stride[d] * item});
   }
   // torch strides are never negative; sort outermost first, then fold contiguous inner dims.
   std::stable_sort(l.dims.begin(), l.dims.end(), [](const Dim& a, const Dim& b) { return a.stride > b.stride; });
@@ -152,20 +155,41 @@ class Checker {
   }
 };
 
-// Do a and b share any byte? Tensors in different storages never do.
-inline Answer tensors(const at::Tensor& a, const at::Tensor& b) {
+// Do a and b share any byte? Decided on addresses alone (tensors in different storages occupy
+// different bytes, and the stable ABI has no storage identity to short-cut with): byte ranges that
+// do not meet are the first test.
+inline Answer tensors(const Tensor& a, const Tensor& b) {
   if (a.numel() == 0 || b.numel() == 0) return Answer::No;
-  if (!a.has_storage() || !b.has_storage() || !a.storage().is_alias_of(b.storage())) return Answer::No;
   return Checker().sets(layout_of(a), layout_of(b));
 }
 
-// Does some memory location hold two elements of t (an expanded or as_strided tensor)?
-inline Answer internal(const at::Tensor& t) {
-  if (t.numel() <= 1) return Answer::No;
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    if (t.size(d) > 1 && t.stride(d) == 0) return Answer::Yes;
+// Every element at its own address with no gaps between them (some permutation of the dims is
+// row-major): ATen's is_non_overlapping_and_dense.
+inline bool non_overlapping_and_dense(const Tensor& t) {
+  const auto size = t.sizes();
+  const auto stride = t.strides();
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dims with size != 1
+  for (size_t d = 0; d < size.size(); ++d) {
+    if (size[d] != 1) dims.emplace_back(stride[d], size[d]);
   }
-  if (t.is_non_overlapping_and_dense()) return Answer::No;
+  std::sort(dims.begin(), dims.end());
+  int64_t expected = 1;
+  for (const auto& [s, n] : dims) {
+    if (s != expected) return false;
+    expected *= n;
+  }
+  return true;
+}
+
+// Does some memory location hold two elements of t (an expanded or as_strided tensor)?
+inline Answer internal(const Tensor& t) {
+  if (t.numel() <= 1) return Answer::No;
+  const auto size = t.sizes();
+  const auto stride = t.strides();
+  for (size_t d = 0; d < size.size(); ++d) {
+    if (size[d] > 1 && stride[d] == 0) return Answer::Yes;
+  }
+  if (t.is_contiguous() || non_overlapping_and_dense(t)) return Answer::No;
   return Checker().self(layout_of(t));
 }
 

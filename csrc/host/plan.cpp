@@ -1,17 +1,11 @@
 #include "host/plan.h"
 
-#include <ATen/core/LegacyTypeDispatch.h>
-#include <c10/core/InferenceMode.h>
-#include <torch/library.h>
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string_view>
 
 #include "host/overlap.h"
-
-// Where the compiled library says which torch it was built for, readable without loading it: the
-// Python loader (posenc_native/_library.py) searches the file for this marker when loading fails.
-extern "C" __attribute__((used, visibility("default"))) const char posenc_built_for_torch[] =
-    "posenc-built-for-torch=" POSENC_TORCH_VERSION;
 
 namespace posenc {
 namespace {
@@ -25,9 +19,7 @@ constexpr double kMaxAngle = 1125899906842624.0;  // 2^50
 
 // Argument values on the device are read (to validate them) unless the backend says that cannot
 // be done now; values of CPU tensors are always checked.
-bool may_read(const at::Tensor& t, const Backend& backend) {
-  return t.device().is_cpu() || backend.may_read_device_values();
-}
+bool may_read(const Tensor& t, const Backend& backend) { return t.is_cpu() || backend.may_read_device_values(); }
 
 // Smallest and largest value of an index/position tensor (numel > 0), any strides and device: for
 // a device tensor this is one device-to-host copy. Integer tensors give exact int64 bounds;
@@ -39,12 +31,12 @@ struct ValueRange {
 };
 
 template <typename T>
-void scan_cpu(const at::Tensor& t, ValueRange& r) {
+void scan_cpu(const Tensor& t, ValueRange& r) {
   // 1-D or 2-D, any strides: a plain loop costs far less than reductions for the short index
   // tensors of a decode step.
-  const T* data = t.const_data_ptr<T>();
-  const int64_t rows = t.dim() == 2 ? t.size(0) : 1, cols = t.size(-1);
-  const int64_t rs = t.dim() == 2 ? t.stride(0) : 0, cs = t.stride(-1);
+  const T* data = static_cast<const T*>(t.data_ptr());
+  const int64_t rows = t.dim() == 2 ? t.size(0) : 1, cols = t.dim() == 0 ? 1 : t.size(-1);
+  const int64_t rs = t.dim() == 2 ? t.stride(0) : 0, cs = t.dim() == 0 ? 0 : t.stride(-1);
   T lo = data[0], hi = data[0];
   bool nan = false;
   for (int64_t i = 0; i < rows; ++i) {
@@ -64,26 +56,22 @@ void scan_cpu(const at::Tensor& t, ValueRange& r) {
   }
 }
 
-ValueRange value_range(const at::Tensor& t) {
+ValueRange value_range(const Tensor& t_in) {
   ValueRange r;
-  r.integral = !at::isFloatingType(t.scalar_type());
-  if (t.device().is_cpu() && t.dim() <= 2) {
-    switch (t.scalar_type()) {
-      case at::kInt: scan_cpu<int32_t>(t, r); return r;
-      case at::kLong: scan_cpu<int64_t>(t, r); return r;
-      case at::kFloat: scan_cpu<float>(t, r); return r;
-      case at::kDouble: scan_cpu<double>(t, r); return r;
-      default: break;
-    }
+  const ScalarType dt = t_in.scalar_type();
+  r.integral = !is_floating(dt);
+  Tensor t = t_in;
+  const bool scannable = dt == ScalarType::Int || dt == ScalarType::Long || dt == ScalarType::Float ||
+                         dt == ScalarType::Double;
+  if (!t.is_cpu() || t.dim() > 2 || !scannable) {
+    // Another device, dtype or rank: one copy to a CPU int64/float64 vector, scanned below.
+    t = torch::stable::reshape(to_cpu(t, r.integral ? ScalarType::Long : ScalarType::Double), {-1});
   }
-  auto [mn, mx] = at::aminmax(t);
-  const at::Tensor both = at::stack({mn, mx}).to(at::kCPU, r.integral ? at::kLong : at::kDouble);
-  if (r.integral) {
-    r.imin = both[0].item<int64_t>();
-    r.imax = both[1].item<int64_t>();
-  } else {
-    r.fmin = both[0].item<double>();
-    r.fmax = both[1].item<double>();
+  switch (t.scalar_type()) {
+    case ScalarType::Int: scan_cpu<int32_t>(t, r); break;
+    case ScalarType::Long: scan_cpu<int64_t>(t, r); break;
+    case ScalarType::Float: scan_cpu<float>(t, r); break;
+    default: scan_cpu<double>(t, r); break;
   }
   return r;
 }
@@ -92,48 +80,42 @@ ValueRange value_range(const at::Tensor& t) {
 int64_t checked_position_bound(const char* op, int64_t lo, int64_t hi, int64_t offset, const char* what) {
   int64_t a = 0, b = 0;
   const bool overflow = __builtin_add_overflow(lo, offset, &a) || __builtin_add_overflow(hi, offset, &b);
-  TORCH_CHECK(!overflow && a >= -kMaxPosition && b <= kMaxPosition, op, ": ", what, " + offset must lie in [-2^48, 2^48]",
-              " (the supported position domain), got positions in [", lo, ", ", hi, "] and offset ", offset);
+  POSENC_CHECK(!overflow && a >= -kMaxPosition && b <= kMaxPosition, op, ": ", what, " + offset must lie in [-2^48, 2^48]",
+               " (the supported position domain), got positions in [", lo, ", ", hi, "] and offset ", offset);
   return std::max(a < 0 ? -a : a, b < 0 ? -b : b);
 }
 
-bool is_float_dtype(at::ScalarType t) {
-  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;
-}
-
-IndexKind index_kind(const at::Tensor& t) {
+IndexKind index_kind(const Tensor& t) {
   switch (t.scalar_type()) {
-    case at::kInt: return IndexKind::Int32;
-    case at::kLong: return IndexKind::Int64;
-    case at::kFloat: return IndexKind::Float32;
+    case ScalarType::Int: return IndexKind::Int32;
+    case ScalarType::Long: return IndexKind::Int64;
+    case ScalarType::Float: return IndexKind::Float32;
     default: return IndexKind::Float64;
   }
 }
 
-void check_same_device(const char* op, const at::Tensor& ref, const char* ref_name, const at::Tensor& t,
-                       const char* name) {
-  TORCH_CHECK(t.device() == ref.device(), op, ": ", name, " must be on the same device as ", ref_name, " (",
-              ref.device(), "), got ", t.device());
+void check_same_device(const char* op, const Tensor& ref, const char* ref_name, const Tensor& t, const char* name) {
+  POSENC_CHECK(same_device(t, ref), op, ": ", name, " must be on the same device as ", ref_name, " (", device_of(ref),
+               "), got ", device_of(t));
 }
 
 // Positions for the sinusoidal ops: integer or floating point; other dtypes are read as float64.
-at::Tensor sinusoidal_positions(const char* op, const at::Tensor& positions) {
-  const auto t = positions.scalar_type();
-  if (t == at::kInt || t == at::kLong || t == at::kFloat || t == at::kDouble) return positions;
-  TORCH_CHECK(at::isIntegralType(t, /*includeBool=*/false) || at::isFloatingType(t), op,
-              ": positions must be an integer or floating point tensor, got ", t);
-  return positions.to(at::isFloatingType(t) ? at::kDouble : at::kLong);
+Tensor sinusoidal_positions(const char* op, const Tensor& positions) {
+  const ScalarType t = positions.scalar_type();
+  if (t == ScalarType::Int || t == ScalarType::Long || t == ScalarType::Float || t == ScalarType::Double) return positions;
+  POSENC_CHECK(is_integral(t) || is_floating(t), op, ": positions must be an integer or floating point tensor, got ", t);
+  return to_dtype(positions, is_floating(t) ? ScalarType::Double : ScalarType::Long);
 }
 
 SinusoidalParams sinusoidal_params(const char* op, int64_t dim, double base, bool interleaved, double freq_shift,
                                    double angle_scale, bool cos_first) {
-  TORCH_CHECK(dim >= 2, op, ": dim must be >= 2, got ", dim);
-  TORCH_CHECK(std::isfinite(base) && base > 0.0 && base != 1.0, op, ": base must be a finite number > 0 and != 1, got ",
-              base);
+  POSENC_CHECK(dim >= 2, op, ": dim must be >= 2, got ", dim);
+  POSENC_CHECK(std::isfinite(base) && base > 0.0 && base != 1.0, op,
+               ": base must be a finite number > 0 and != 1, got ", base);
   const int64_t half = dim / 2;
-  TORCH_CHECK(std::isfinite(freq_shift) && freq_shift < static_cast<double>(half), op,
-              ": freq_shift must be smaller than dim // 2 = ", half, ", got ", freq_shift);
-  TORCH_CHECK(std::isfinite(angle_scale), op, ": angle_scale must be finite, got ", angle_scale);
+  POSENC_CHECK(std::isfinite(freq_shift) && freq_shift < static_cast<double>(half), op,
+               ": freq_shift must be smaller than dim // 2 = ", half, ", got ", freq_shift);
+  POSENC_CHECK(std::isfinite(angle_scale), op, ": angle_scale must be finite, got ", angle_scale);
   SinusoidalParams p;
   p.dim = dim;
   p.half = half;
@@ -147,7 +129,7 @@ SinusoidalParams sinusoidal_params(const char* op, int64_t dim, double base, boo
 
 // Values of the sinusoidal positions: finite, |p| <= 2^48 and |p * w| <= 2^50 for every frequency w
 // (checked when the backend may read them; see Backend::may_read_device_values).
-void check_sinusoidal_domain(const char* op, const at::Tensor& positions, const SinusoidalParams& prm,
+void check_sinusoidal_domain(const char* op, const Tensor& positions, const SinusoidalParams& prm,
                              const Backend& backend) {
   if (positions.numel() == 0 || !may_read(positions, backend)) return;
   const ValueRange r = value_range(positions);
@@ -156,32 +138,30 @@ void check_sinusoidal_domain(const char* op, const at::Tensor& positions, const 
     checked_position_bound(op, r.imin, r.imax, 0, "positions");
     bound = std::max(std::abs(static_cast<double>(r.imin)), std::abs(static_cast<double>(r.imax)));
   } else {
-    TORCH_CHECK(std::isfinite(r.fmin) && std::isfinite(r.fmax), op, ": positions must be finite, got values in [",
-                r.fmin, ", ", r.fmax, "]");
+    POSENC_CHECK(std::isfinite(r.fmin) && std::isfinite(r.fmax), op, ": positions must be finite, got values in [",
+                 r.fmin, ", ", r.fmax, "]");
     bound = std::max(std::abs(r.fmin), std::abs(r.fmax));
-    TORCH_CHECK(bound <= static_cast<double>(kMaxPosition), op,
-                ": positions must lie in [-2^48, 2^48] (the supported position domain), got values in [", r.fmin,
-                ", ", r.fmax, "]");
+    POSENC_CHECK(bound <= static_cast<double>(kMaxPosition), op,
+                 ": positions must lie in [-2^48, 2^48] (the supported position domain), got values in [", r.fmin,
+                 ", ", r.fmax, "]");
   }
   // w_i is monotonic in i: its largest magnitude is at i = 0 or i = half - 1.
   const double w = prm.half > 0 ? std::max(std::abs(prm.frequency(0)), std::abs(prm.frequency(prm.half - 1))) : 0.0;
-  TORCH_CHECK(bound * w <= kMaxAngle, op, ": position * frequency must stay within 2^50 rad (the supported angle",
-              " domain); the largest |position| is ", bound, " and the largest frequency ", w);
+  POSENC_CHECK(bound * w <= kMaxAngle, op, ": position * frequency must stay within 2^50 rad (the supported angle",
+               " domain); the largest |position| is ", bound, " and the largest frequency ", w);
 }
 
 }  // namespace
 
-at::Tensor sinusoidal_table_op(const at::Tensor& positions_in, int64_t dim, double base, bool interleaved,
-                               double freq_shift, double angle_scale, bool cos_first, at::ScalarType dtype,
-                               const Backend& backend) {
+Tensor sinusoidal_table_op(const SinusoidalTableArgs& a, const Backend& backend) {
   constexpr const char* op = "posenc.sinusoidal_table";
-  TORCH_CHECK(positions_in.dim() == 1, op, ": positions must be 1-D [N], got shape ", positions_in.sizes());
-  TORCH_CHECK(is_float_dtype(dtype), op, ": dtype must be float32, float16, bfloat16 or float64, got ", dtype);
+  POSENC_CHECK(a.positions.dim() == 1, op, ": positions must be 1-D [N], got shape ", sizes_of(a.positions));
+  POSENC_CHECK(is_float_dtype(a.dtype), op, ": dtype must be float32, float16, bfloat16 or float64, got ", a.dtype);
   SinusoidalProblem p;
-  p.params = sinusoidal_params(op, dim, base, interleaved, freq_shift, angle_scale, cos_first);
-  const at::Tensor positions = sinusoidal_positions(op, positions_in);
+  p.params = sinusoidal_params(op, a.dim, a.base, a.interleaved, a.freq_shift, a.angle_scale, a.cos_first);
+  const Tensor positions = sinusoidal_positions(op, a.positions);
   check_sinusoidal_domain(op, positions, p.params, backend);
-  at::Tensor out = at::empty({positions.size(0), dim}, positions.options().dtype(dtype));
+  Tensor out = empty({positions.size(0), a.dim}, a.dtype, positions);
   if (out.numel() == 0) return out;
   p.batch = 1;
   p.seq = positions.size(0);
@@ -190,35 +170,35 @@ at::Tensor sinusoidal_table_op(const at::Tensor& positions_in, int64_t dim, doub
   p.pos_stride_s = positions.stride(0);
   p.out = out.data_ptr();
   p.out_stride_s = out.stride(0);
-  backend.sinusoidal(p, dtype);
+  backend.sinusoidal(p, a.dtype);
   return out;
 }
 
-at::Tensor add_sinusoidal_op(const at::Tensor& x, const at::Tensor& positions_in, double x_scale, double base,
-                             bool interleaved, double freq_shift, double angle_scale, bool cos_first,
-                             const Backend& backend) {
+Tensor add_sinusoidal_op(const AddSinusoidalArgs& a, const Backend& backend) {
   constexpr const char* op = "posenc.add_sinusoidal";
-  TORCH_CHECK(x.dim() == 2 || x.dim() == 3, op, ": x must be [batch, seq, dim] or [seq, dim], got shape ", x.sizes());
-  TORCH_CHECK(is_float_dtype(x.scalar_type()), op, ": x must be float32, float16, bfloat16 or float64, got ",
-              x.scalar_type());
+  const Tensor& x = a.x;
+  const Tensor& positions_in = a.positions;
+  POSENC_CHECK(x.dim() == 2 || x.dim() == 3, op, ": x must be [batch, seq, dim] or [seq, dim], got shape ", sizes_of(x));
+  POSENC_CHECK(is_float_dtype(x.scalar_type()), op, ": x must be float32, float16, bfloat16 or float64, got ",
+               x.scalar_type());
   check_same_device(op, x, "x", positions_in, "positions");
   const int64_t batch = x.dim() == 3 ? x.size(0) : 1;
   const int64_t seq = x.size(-2);
   const int64_t dim = x.size(-1);
-  TORCH_CHECK(positions_in.dim() == 1 || (positions_in.dim() == 2 && x.dim() == 3), op,
-              ": positions must be [seq]", x.dim() == 3 ? " or [batch, seq]" : "", ", got shape ", positions_in.sizes());
-  TORCH_CHECK(positions_in.size(-1) == seq, op, ": positions must have seq = ", seq, " entries in its last dim, got shape ",
-              positions_in.sizes());
-  TORCH_CHECK(positions_in.dim() == 1 || positions_in.size(0) == batch || positions_in.size(0) == 1, op,
-              ": positions [batch, seq] must have batch ", batch, " or 1, got shape ", positions_in.sizes());
-  TORCH_CHECK(std::isfinite(x_scale), op, ": x_scale must be finite, got ", x_scale);
+  POSENC_CHECK(positions_in.dim() == 1 || (positions_in.dim() == 2 && x.dim() == 3), op, ": positions must be [seq]",
+               x.dim() == 3 ? " or [batch, seq]" : "", ", got shape ", sizes_of(positions_in));
+  POSENC_CHECK(positions_in.size(-1) == seq, op, ": positions must have seq = ", seq,
+               " entries in its last dim, got shape ", sizes_of(positions_in));
+  POSENC_CHECK(positions_in.dim() == 1 || positions_in.size(0) == batch || positions_in.size(0) == 1, op,
+               ": positions [batch, seq] must have batch ", batch, " or 1, got shape ", sizes_of(positions_in));
+  POSENC_CHECK(std::isfinite(a.x_scale), op, ": x_scale must be finite, got ", a.x_scale);
   SinusoidalProblem p;
-  p.params = sinusoidal_params(op, dim, base, interleaved, freq_shift, angle_scale, cos_first);
-  const at::Tensor positions = sinusoidal_positions(op, positions_in);
+  p.params = sinusoidal_params(op, dim, a.base, a.interleaved, a.freq_shift, a.angle_scale, a.cos_first);
+  const Tensor positions = sinusoidal_positions(op, positions_in);
   check_sinusoidal_domain(op, positions, p.params, backend);
   // x's layout when its last dim is contiguous (dense x keeps its strides), else row-major:
   // the kernels write rows with a contiguous last dim. ops.py's fake kernel mirrors this rule.
-  at::Tensor out = x.stride(-1) == 1 ? at::empty_like(x) : at::empty(x.sizes(), x.options());
+  Tensor out = x.stride(-1) == 1 ? torch::stable::empty_like(x) : empty(x.sizes(), x.scalar_type(), x);
   if (out.numel() == 0) return out;
   p.batch = batch;
   p.seq = seq;
@@ -230,7 +210,7 @@ at::Tensor add_sinusoidal_op(const at::Tensor& x, const at::Tensor& positions_in
   p.x_stride_b = x.dim() == 3 ? x.stride(0) : 0;
   p.x_stride_s = x.stride(-2);
   p.x_stride_d = x.stride(-1);
-  p.x_scale = x_scale;
+  p.x_scale = a.x_scale;
   p.out = out.data_ptr();
   p.out_stride_b = out.dim() == 3 ? out.stride(0) : 0;
   p.out_stride_s = out.stride(-2);
@@ -249,38 +229,43 @@ struct BSHD {
 };
 
 // Sizes and strides of q or k seen as [batch, seq, heads, head_dim] for the given layout.
-BSHD as_bshd(const char* op, const at::Tensor& t, const char* name, std::string_view layout) {
+BSHD as_bshd(const char* op, const Tensor& t, const char* name, std::string_view layout) {
+  const int64_t dims = t.dim();
   const auto expect_dims = [&](int64_t n, const char* shape) {
-    TORCH_CHECK(t.dim() == n, op, ": ", name, " must be ", shape, " for layout '", std::string(layout), "', got shape ",
-                t.sizes());
+    POSENC_CHECK(dims == n, op, ": ", name, " must be ", shape, " for layout '", layout, "', got shape ", sizes_of(t));
   };
   BSHD v{};
-  if (layout == "bshd") {
-    expect_dims(4, "[batch, seq, heads, head_dim]");
-    v = {t.size(0), t.size(1), t.size(2), t.size(3), t.stride(0), t.stride(1), t.stride(2)};
-  } else if (layout == "bhsd") {
-    expect_dims(4, "[batch, heads, seq, head_dim]");
-    v = {t.size(0), t.size(2), t.size(1), t.size(3), t.stride(0), t.stride(2), t.stride(1)};
+  if (layout == "bshd" || layout == "bhsd") {
+    expect_dims(4, layout == "bshd" ? "[batch, seq, heads, head_dim]" : "[batch, heads, seq, head_dim]");
   } else if (layout == "thd") {
     expect_dims(3, "[tokens, heads, head_dim]");
-    v = {1, t.size(0), t.size(1), t.size(2), 0, t.stride(0), t.stride(1)};
   } else {
-    TORCH_CHECK(false, op, ": layout must be 'bshd', 'bhsd' or 'thd', got '", std::string(layout), "'");
+    fail(op, ": layout must be 'bshd', 'bhsd' or 'thd', got '", layout, "'");
   }
-  TORCH_CHECK(t.stride(-1) == 1 || t.size(-1) <= 1, op, ": ", name,
-              " must have a contiguous last dimension (stride 1), got strides ", t.strides());
+  // One shim call each for the sizes and the strides (borrowed arrays), not one per dimension.
+  const auto size = t.sizes();
+  const auto stride = t.strides();
+  if (layout == "bshd") {
+    v = {size[0], size[1], size[2], size[3], stride[0], stride[1], stride[2]};
+  } else if (layout == "bhsd") {
+    v = {size[0], size[2], size[1], size[3], stride[0], stride[2], stride[1]};
+  } else {
+    v = {1, size[0], size[1], size[2], 0, stride[0], stride[1]};
+  }
+  POSENC_CHECK(stride[dims - 1] == 1 || size[dims - 1] <= 1, op, ": ", name,
+               " must have a contiguous last dimension (stride 1), got strides ", Dims{stride});
   return v;
 }
 
-void fill_operand(RopeOperand& o, const BSHD& src, const at::Tensor& src_t, const at::Tensor& dst_t,
-                  std::string_view layout, const char* op) {
+void fill_operand(RopeOperand& o, const BSHD& src, const Tensor& src_t, const Tensor& dst_t, std::string_view layout,
+                  const char* op) {
   o.src = src_t.data_ptr();
   o.dst = dst_t.data_ptr();
   o.heads = src.heads;
   o.src_stride_b = src.stride_b;
   o.src_stride_s = src.stride_s;
   o.src_stride_h = src.stride_h;
-  const BSHD dst = as_bshd(op, dst_t, "output", layout);
+  const BSHD dst = &src_t == &dst_t ? src : as_bshd(op, dst_t, "output", layout);
   o.dst_stride_b = dst.stride_b;
   o.dst_stride_s = dst.stride_s;
   o.dst_stride_h = dst.stride_h;
@@ -291,30 +276,28 @@ struct RopeInputs {
   BSHD q, k;
 };
 
-RopeInputs check_qk(const char* op, const at::Tensor& q, const at::Tensor& k, std::string_view layout) {
-  TORCH_CHECK(is_float_dtype(q.scalar_type()), op, ": q must be float32, float16, bfloat16 or float64, got ",
-              q.scalar_type());
-  TORCH_CHECK(k.scalar_type() == q.scalar_type(), op, ": k must have q's dtype (", q.scalar_type(), "), got ",
-              k.scalar_type());
+RopeInputs check_qk(const char* op, const Tensor& q, const Tensor& k, std::string_view layout) {
+  const ScalarType dt = q.scalar_type();
+  POSENC_CHECK(is_float_dtype(dt), op, ": q must be float32, float16, bfloat16 or float64, got ", dt);
+  POSENC_CHECK(k.scalar_type() == dt, op, ": k must have q's dtype (", dt, "), got ", k.scalar_type());
   check_same_device(op, q, "q", k, "k");
   RopeInputs in{as_bshd(op, q, "q", layout), as_bshd(op, k, "k", layout)};
-  TORCH_CHECK(in.k.batch == in.q.batch && in.k.seq == in.q.seq && in.k.head_dim == in.q.head_dim, op,
-              ": k must match q in batch, seq and head_dim (it may differ in heads); q ", q.sizes(), ", k ", k.sizes());
+  POSENC_CHECK(in.k.batch == in.q.batch && in.k.seq == in.q.seq && in.k.head_dim == in.q.head_dim, op,
+               ": k must match q in batch, seq and head_dim (it may differ in heads); q ", sizes_of(q), ", k ",
+               sizes_of(k));
   return in;
 }
-
 
 // What check_positions learnt: the index tensors as the kernel reads them (kept alive until it has
 // run), and the range of the positions it will compute, when known.
 struct PositionInfo {
-  at::Tensor positions, cu_seqlens;
+  OptTensor positions, cu_seqlens;
   bool known = false;        // lo/hi below are valid
   int64_t lo = 0, hi = 0;    // of position + offset over all tokens
 };
 
-void check_positions(const char* op, RopeProblem& p, PositionInfo& info, const at::Tensor& q,
-                     const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& cu_seqlens,
-                     std::string_view layout, int64_t offset, const Backend& backend) {
+void check_positions(const char* op, RopeProblem& p, PositionInfo& info, const Tensor& q, const OptTensor& positions,
+                     const OptTensor& cu_seqlens, std::string_view layout, int64_t offset, const Backend& backend) {
   p.offset = offset;
   const auto note_range = [&](int64_t lo, int64_t hi, const char* what) {
     checked_position_bound(op, lo, hi, offset, what);  // offset is added without wrapping
@@ -323,18 +306,19 @@ void check_positions(const char* op, RopeProblem& p, PositionInfo& info, const a
     info.hi = hi + offset;
   };
   if (positions.has_value()) {
-    const at::Tensor& pos = *positions;
+    const Tensor& pos = *positions;
     check_same_device(op, q, "q", pos, "positions");
-    TORCH_CHECK(pos.scalar_type() == at::kInt || pos.scalar_type() == at::kLong, op,
-                ": positions must be int32 or int64, got ", pos.scalar_type());
+    const ScalarType dt = pos.scalar_type();
+    POSENC_CHECK(dt == ScalarType::Int || dt == ScalarType::Long, op, ": positions must be int32 or int64, got ", dt);
+    const int64_t dims = pos.dim();
     if (layout == "thd") {
-      TORCH_CHECK(pos.dim() == 1 && pos.size(0) == p.seq, op, ": positions must be [tokens] = [", p.seq,
-                  "] for layout 'thd', got shape ", pos.sizes());
+      POSENC_CHECK(dims == 1 && pos.size(0) == p.seq, op, ": positions must be [tokens] = [", p.seq,
+                   "] for layout 'thd', got shape ", sizes_of(pos));
     } else {
-      const bool ok = (pos.dim() == 1 && pos.size(0) == p.seq) ||
-                      (pos.dim() == 2 && (pos.size(0) == p.batch || pos.size(0) == 1) && pos.size(1) == p.seq);
-      TORCH_CHECK(ok, op, ": positions must be [seq] = [", p.seq, "] or [batch, seq] = [", p.batch, ", ", p.seq,
-                  "], got shape ", pos.sizes());
+      const bool ok = (dims == 1 && pos.size(0) == p.seq) ||
+                      (dims == 2 && (pos.size(0) == p.batch || pos.size(0) == 1) && pos.size(1) == p.seq);
+      POSENC_CHECK(ok, op, ": positions must be [seq] = [", p.seq, "] or [batch, seq] = [", p.batch, ", ", p.seq,
+                   "], got shape ", sizes_of(pos));
     }
     // Any strides (the kernels index with them); values read when allowed (one device-to-host copy on CUDA).
     if (pos.numel() > 0 && may_read(pos, backend)) {
@@ -345,38 +329,38 @@ void check_positions(const char* op, RopeProblem& p, PositionInfo& info, const a
     p.positions = pos.data_ptr();
     p.positions_kind = index_kind(pos);
     p.pos_stride_s = pos.stride(-1);
-    p.pos_stride_b = (pos.dim() == 2 && pos.size(0) == p.batch) ? pos.stride(0) : 0;
+    p.pos_stride_b = (dims == 2 && pos.size(0) == p.batch) ? pos.stride(0) : 0;
   }
   if (cu_seqlens.has_value()) {
-    const at::Tensor& cu = *cu_seqlens;
-    TORCH_CHECK(layout == "thd", op, ": cu_seqlens is only for layout 'thd', got layout '", std::string(layout), "'");
+    const Tensor& cu = *cu_seqlens;
+    POSENC_CHECK(layout == "thd", op, ": cu_seqlens is only for layout 'thd', got layout '", layout, "'");
     check_same_device(op, q, "q", cu, "cu_seqlens");
-    TORCH_CHECK(cu.scalar_type() == at::kInt || cu.scalar_type() == at::kLong, op,
-                ": cu_seqlens must be int32 or int64, got ", cu.scalar_type());
-    TORCH_CHECK(cu.dim() == 1 && cu.size(0) >= 2, op, ": cu_seqlens must be 1-D with at least 2 entries, got shape ",
-                cu.sizes());
+    const ScalarType dt = cu.scalar_type();
+    POSENC_CHECK(dt == ScalarType::Int || dt == ScalarType::Long, op, ": cu_seqlens must be int32 or int64, got ", dt);
+    POSENC_CHECK(cu.dim() == 1 && cu.size(0) >= 2, op, ": cu_seqlens must be 1-D with at least 2 entries, got shape ",
+                 sizes_of(cu));
     // Values are checked on the host (a device-to-host copy for CUDA tensors): a bad table would
     // silently give wrong positions. Skipped only while a CUDA graph is captured; the kernels'
     // search in cu_seqlens stays in bounds whatever its values.
     int64_t longest = p.seq;
     if (may_read(cu, backend)) {
-      const at::Tensor host = cu.to(at::kCPU, at::kLong).contiguous();
-      const int64_t* v = host.data_ptr<int64_t>();
+      const Tensor host = as_contiguous(to_cpu(cu, ScalarType::Long));
+      const int64_t* v = static_cast<const int64_t*>(host.data_ptr());
       const int64_t n = host.size(0);
-      TORCH_CHECK(v[0] == 0, op, ": cu_seqlens must start at 0, got ", v[0]);
+      POSENC_CHECK(v[0] == 0, op, ": cu_seqlens must start at 0, got ", v[0]);
       longest = 0;
       for (int64_t i = 1; i < n; ++i) {
-        TORCH_CHECK(v[i] >= v[i - 1], op, ": cu_seqlens must be non-decreasing, got ", v[i - 1], " then ", v[i],
-                    " at index ", i);
+        POSENC_CHECK(v[i] >= v[i - 1], op, ": cu_seqlens must be non-decreasing, got ", v[i - 1], " then ", v[i],
+                     " at index ", i);
         longest = std::max(longest, v[i] - v[i - 1]);
       }
-      TORCH_CHECK(v[n - 1] == p.seq, op, ": cu_seqlens must end at the number of tokens ", p.seq, ", got ", v[n - 1]);
+      POSENC_CHECK(v[n - 1] == p.seq, op, ": cu_seqlens must end at the number of tokens ", p.seq, ", got ", v[n - 1]);
     }
     if (!positions.has_value()) {
       // The kernels index cu_seqlens as a dense array: a strided one is copied (it is tiny).
-      info.cu_seqlens = cu.stride(0) == 1 ? cu : cu.contiguous();
-      p.cu_seqlens = info.cu_seqlens.data_ptr();
-      p.cu_seqlens_kind = index_kind(info.cu_seqlens);
+      info.cu_seqlens = cu.stride(0) == 1 ? cu : torch::stable::contiguous(cu);
+      p.cu_seqlens = info.cu_seqlens->data_ptr();
+      p.cu_seqlens_kind = index_kind(*info.cu_seqlens);
       p.n_seqs = cu.size(0) - 1;
       if (longest > 0) note_range(0, longest - 1, "positions within each sequence");
     }
@@ -388,67 +372,68 @@ void check_positions(const char* op, RopeProblem& p, PositionInfo& info, const a
 // The angle domain for frequencies: |position * inv_freq[i]| <= 2^50. On the CPU the frequencies are
 // always read; a device's are read only when positions could exceed 2^24 (so that a decode step
 // does not wait for the device), since below that only absurd frequencies (> 2^26) could leave it.
-void check_angle_domain(const char* op, const at::Tensor& inv64, const PositionInfo& info, const Backend& backend) {
+void check_angle_domain(const char* op, const Tensor& inv64, const PositionInfo& info, const Backend& backend) {
   const double bound = info.known ? std::max(std::abs(static_cast<double>(info.lo)), std::abs(static_cast<double>(info.hi)))
                                   : 0.0;
   double w = 0;
-  if (inv64.device().is_cpu()) {
-    const double* v = inv64.data_ptr<double>();
-    for (int64_t i = 0; i < inv64.numel(); ++i) {
-      TORCH_CHECK(std::isfinite(v[i]), op, ": inv_freq must be finite, got ", v[i], " at index ", i);
+  if (inv64.is_cpu()) {
+    const double* v = static_cast<const double*>(inv64.data_ptr());
+    const int64_t n = inv64.numel();
+    for (int64_t i = 0; i < n; ++i) {
+      POSENC_CHECK(std::isfinite(v[i]), op, ": inv_freq must be finite, got ", v[i], " at index ", i);
       w = std::max(w, std::abs(v[i]));
     }
   } else if (bound > 16777216.0 && backend.may_read_device_values()) {
-    w = inv64.abs().max().item<double>();
-    TORCH_CHECK(std::isfinite(w), op, ": inv_freq must be finite");
+    const ValueRange r = value_range(inv64);
+    POSENC_CHECK(std::isfinite(r.fmin) && std::isfinite(r.fmax), op, ": inv_freq must be finite");
+    w = std::max(std::abs(r.fmin), std::abs(r.fmax));
   }
-  TORCH_CHECK(bound * w <= kMaxAngle, op, ": position * inv_freq must stay within 2^50 rad (the supported angle ",
-              "domain); the largest |position + offset| is ", bound, " and the largest frequency ", w);
+  POSENC_CHECK(bound * w <= kMaxAngle, op, ": position * inv_freq must stay within 2^50 rad (the supported angle ",
+               "domain); the largest |position + offset| is ", bound, " and the largest frequency ", w);
 }
 
 // In place: q and k are written while being read, so neither may hold an element twice, they may
 // not share memory with each other, and nothing the kernel reads may live in them. Views of one
 // fused qkv buffer (q and k rows interleaved, no element shared) are fine. The overlap tests are
-// exact (host/overlap.h); a layout too irregular to decide counts as overlapping.
-void check_inplace_outputs(const char* op, const at::Tensor& q, const at::Tensor& k) {
-  for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{q, "q"}, {k, "k"}}) {
-    TORCH_CHECK(!t.is_inference() || c10::InferenceMode::is_enabled(), op, ": ", name,
-                " is an inference tensor: Inplace update to inference tensor outside InferenceMode is not allowed. "
-                "Clone it outside inference mode first, or run under torch.inference_mode()");
+// exact (host/overlap.h); a layout too irregular to decide counts as overlapping. (Inference
+// tensors outside inference mode are refused before this, in Python: posenc_native/ops.py.)
+void check_inplace_outputs(const char* op, const Tensor& q, const Tensor& k) {
+  for (const auto& [t, name] : {std::pair<const Tensor&, const char*>{q, "q"}, {k, "k"}}) {
     const overlap::Answer a = overlap::internal(t);
-    TORCH_CHECK(a == overlap::Answer::No, op, ": ", name, " must not have elements that share memory (an expanded or",
-                " self-overlapping view, strides ", t.strides(), ") when rotated in place",
-                a == overlap::Answer::Unknown ? " (its layout is too irregular to prove it has none)" : "",
-                "; rotate a contiguous copy");
+    POSENC_CHECK(a == overlap::Answer::No, op, ": ", name, " must not have elements that share memory (an expanded or",
+                 " self-overlapping view, strides ", strides_of(t), ") when rotated in place",
+                 a == overlap::Answer::Unknown ? " (its layout is too irregular to prove it has none)" : "",
+                 "; rotate a contiguous copy");
   }
   const overlap::Answer a = overlap::tensors(q, k);
-  TORCH_CHECK(a == overlap::Answer::No, op, ": q and k must not share memory when rotated in place",
-              a == overlap::Answer::Unknown ? " (their layouts are too irregular to prove they do not)" : "");
+  POSENC_CHECK(a == overlap::Answer::No, op, ": q and k must not share memory when rotated in place",
+               a == overlap::Answer::Unknown ? " (their layouts are too irregular to prove they do not)" : "");
 }
 
-void check_inputs_apart(const char* op, const at::Tensor& q, const at::Tensor& k,
-                        std::initializer_list<std::pair<const at::Tensor*, const char*>> inputs) {
+void check_inputs_apart(const char* op, const Tensor& q, const Tensor& k,
+                        std::initializer_list<std::pair<const OptTensor*, const char*>> inputs) {
   for (const auto& [t, name] : inputs) {
-    if (t == nullptr || !t->defined()) continue;
-    for (const auto& [out, out_name] : {std::pair<const at::Tensor&, const char*>{q, "q"}, {k, "k"}}) {
-      const overlap::Answer a = overlap::tensors(*t, out);
-      TORCH_CHECK(a == overlap::Answer::No, op, ": ", name, " must not share memory with ", out_name,
-                  ", which is rotated in place; pass a copy");
+    if (!t->has_value()) continue;
+    for (const auto& [out, out_name] : {std::pair<const Tensor&, const char*>{q, "q"}, {k, "k"}}) {
+      const overlap::Answer a = overlap::tensors(**t, out);
+      POSENC_CHECK(a == overlap::Answer::No, op, ": ", name, " must not share memory with ", out_name,
+                   ", which is rotated in place; pass a copy");
     }
   }
 }
 
-at::Tensor check_inv_freq(const char* op, const at::Tensor& q, const at::Tensor& inv_freq, int64_t head_dim,
-                          double attention_factor) {
+Tensor check_inv_freq(const char* op, const Tensor& q, const Tensor& inv_freq, int64_t head_dim,
+                      double attention_factor) {
   check_same_device(op, q, "q", inv_freq, "inv_freq");
-  TORCH_CHECK(inv_freq.dim() == 1 && inv_freq.size(0) >= 1, op,
-              ": inv_freq must be 1-D with rotary_dim / 2 >= 1 entries, got shape ", inv_freq.sizes());
-  TORCH_CHECK(inv_freq.scalar_type() == at::kFloat || inv_freq.scalar_type() == at::kDouble, op,
-              ": inv_freq must be float32 or float64, got ", inv_freq.scalar_type());
-  TORCH_CHECK(2 * inv_freq.size(0) <= head_dim, op, ": inv_freq has ", inv_freq.size(0), " frequencies (rotary_dim ",
-              2 * inv_freq.size(0), ") but head_dim is ", head_dim);
-  TORCH_CHECK(std::isfinite(attention_factor), op, ": attention_factor must be finite, got ", attention_factor);
-  return inv_freq.to(at::kDouble).contiguous();
+  POSENC_CHECK(inv_freq.dim() == 1 && inv_freq.size(0) >= 1, op,
+               ": inv_freq must be 1-D with rotary_dim / 2 >= 1 entries, got shape ", sizes_of(inv_freq));
+  const ScalarType dt = inv_freq.scalar_type();
+  POSENC_CHECK(dt == ScalarType::Float || dt == ScalarType::Double, op, ": inv_freq must be float32 or float64, got ", dt);
+  POSENC_CHECK(2 * inv_freq.size(0) <= head_dim, op, ": inv_freq has ", inv_freq.size(0), " frequencies (rotary_dim ",
+               2 * inv_freq.size(0), ") but head_dim is ", head_dim);
+  POSENC_CHECK(std::isfinite(attention_factor), op, ": attention_factor must be finite, got ", attention_factor);
+  if (dt == ScalarType::Double && inv_freq.stride(0) == 1) return inv_freq;
+  return as_contiguous(to_dtype(inv_freq, ScalarType::Double));
 }
 
 // What both angle sources do first: q/k checks, the in-place output rules, the problem's sizes.
@@ -458,8 +443,7 @@ struct RopeStart {
   RopeProblem p;
 };
 
-RopeStart start_rope(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor* dst_q,
-                     std::string_view layout) {
+RopeStart start_rope(const char* op, const Tensor& q, const Tensor& k, const Tensor* dst_q, std::string_view layout) {
   RopeStart s{check_qk(op, q, k, layout), dst_q == nullptr, RopeProblem{}};
   if (s.in_place) check_inplace_outputs(op, q, k);
   s.p.batch = s.in.q.batch;
@@ -469,8 +453,8 @@ RopeStart start_rope(const char* op, const at::Tensor& q, const at::Tensor& k, c
 }
 
 // ... and last: the operands (fresh outputs, or q and k in place), then the backend's runner.
-void finish_rope(const char* op, RopeStart& s, const at::Tensor& q, const at::Tensor& k, const at::Tensor* dst_q,
-                 const at::Tensor* dst_k, std::string_view layout, const Backend& backend) {
+void finish_rope(const char* op, RopeStart& s, const Tensor& q, const Tensor& k, const Tensor* dst_q,
+                 const Tensor* dst_k, std::string_view layout, const Backend& backend) {
   RopeProblem& p = s.p;
   p.copy_passthrough = !s.in_place && p.rot_dim < p.head_dim;
   fill_operand(p.q, s.in.q, q, s.in_place ? q : *dst_q, layout, op);
@@ -479,99 +463,90 @@ void finish_rope(const char* op, RopeStart& s, const at::Tensor& q, const at::Te
 }
 
 // Validates, then rotates by frequencies into (dst_q, dst_k): fresh outputs, or q and k in place.
-void rope_frequency(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor* dst_q,
-                    const at::Tensor* dst_k, const std::optional<at::Tensor>& positions,
-                    const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& inv_freq, double attention_factor,
-                    bool interleaved, std::string_view layout, int64_t offset, bool inverse, const Backend& backend) {
-  RopeStart s = start_rope(op, q, k, dst_q, layout);
-  const RopeInputs& in = s.in;
-  const bool in_place = s.in_place;
+void rope_frequency(const char* op, const RopeArgs& a, const Tensor* dst_q, const Tensor* dst_k,
+                    const Backend& backend) {
+  RopeStart s = start_rope(op, a.q, a.k, dst_q, a.layout);
   RopeProblem& p = s.p;
   PositionInfo info;
-  check_positions(op, p, info, q, positions, cu_seqlens, layout, offset, backend);
-  const at::Tensor inv64 = check_inv_freq(op, q, inv_freq, in.q.head_dim, attention_factor);
-  check_angle_domain(op, inv64, info, backend);
-  if (in_place) {
-    check_inputs_apart(op, q, k, {{&info.positions, "positions"}, {&info.cu_seqlens, "cu_seqlens"}, {&inv64, "inv_freq"}});
+  check_positions(op, p, info, a.q, a.positions, a.cu_seqlens, a.layout, a.offset, backend);
+  const OptTensor inv64 = check_inv_freq(op, a.q, a.inv_freq, s.in.q.head_dim, a.attention_factor);
+  check_angle_domain(op, *inv64, info, backend);
+  if (s.in_place) {
+    check_inputs_apart(op, a.q, a.k,
+                       {{&info.positions, "positions"}, {&info.cu_seqlens, "cu_seqlens"}, {&inv64, "inv_freq"}});
   }
-  p.rot_dim = 2 * inv64.size(0);
-  p.interleaved = interleaved;
-  p.inverse = inverse;
-  p.inv_freq = inv64.data_ptr<double>();
-  p.attention_factor = attention_factor;
-  finish_rope(op, s, q, k, dst_q, dst_k, layout, backend);
+  p.rot_dim = 2 * inv64->size(0);
+  p.interleaved = a.interleaved;
+  p.inverse = a.inverse;
+  p.inv_freq = static_cast<const double*>(inv64->data_ptr());
+  p.attention_factor = a.attention_factor;
+  finish_rope(op, s, a.q, a.k, dst_q, dst_k, a.layout, backend);
 }
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> rope_op(const at::Tensor& q, const at::Tensor& k,
-                                           const std::optional<at::Tensor>& positions,
-                                           const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& inv_freq,
-                                           double attention_factor, bool interleaved, std::string_view layout,
-                                           int64_t offset, bool inverse, const Backend& backend) {
-  at::Tensor q_out = at::empty_like(q), k_out = at::empty_like(k);
-  rope_frequency("posenc.rope", q, k, &q_out, &k_out, positions, cu_seqlens, inv_freq, attention_factor, interleaved,
-                 layout, offset, inverse, backend);
+std::tuple<Tensor, Tensor> rope_op(const RopeArgs& a, const Backend& backend) {
+  Tensor q_out = torch::stable::empty_like(a.q), k_out = torch::stable::empty_like(a.k);
+  rope_frequency("posenc.rope", a, &q_out, &k_out, backend);
   return {q_out, k_out};
 }
 
-void rope_inplace_op(const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& positions,
-                     const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& inv_freq, double attention_factor,
-                     bool interleaved, std::string_view layout, int64_t offset, bool inverse, const Backend& backend) {
-  rope_frequency("posenc.rope_", q, k, nullptr, nullptr, positions, cu_seqlens, inv_freq, attention_factor,
-                 interleaved, layout, offset, inverse, backend);
+void rope__op(const RopeArgs& a, const Backend& backend) {
+  rope_frequency("posenc.rope_", a, nullptr, nullptr, backend);
 }
 
 namespace {
 
 // cos/sin given as [S, R], [B or 1, S, R], or (with positions) [rows, R] gathered by position.
 // Returns the tables in q's dtype (a no-op when they already are).
-std::pair<at::Tensor, at::Tensor> cos_sin_problem(const char* op, RopeProblem& p, const at::Tensor& q,
-                                                  const at::Tensor& cos_in, const at::Tensor& sin_in,
-                                                  const std::optional<at::Tensor>& positions, std::string_view layout,
-                                                  const RopeInputs& in, PositionInfo& info, const Backend& backend) {
-  check_same_device(op, q, "q", cos_in, "cos");
-  check_same_device(op, q, "q", sin_in, "sin");
-  TORCH_CHECK(cos_in.dim() >= 2 && cos_in.dim() <= 3, op, ": cos must be [seq, rotary_dim] or [batch, seq, rotary_dim]",
-              ", got shape ", cos_in.sizes());
-  TORCH_CHECK(cos_in.sizes() == sin_in.sizes(), op, ": cos and sin must have the same shape, got ", cos_in.sizes(),
-              " and ", sin_in.sizes());
-  TORCH_CHECK(is_float_dtype(cos_in.scalar_type()) && is_float_dtype(sin_in.scalar_type()), op,
-              ": cos and sin must be floating point, got ", cos_in.scalar_type(), " and ", sin_in.scalar_type());
-  const int64_t rot = cos_in.size(-1);
-  TORCH_CHECK(rot >= 2 && rot % 2 == 0 && rot <= in.q.head_dim, op, ": cos/sin last dim is the rotary dim; it must be even",
-              " and in [2, head_dim = ", in.q.head_dim, "], got ", rot);
-  at::Tensor cos = cos_in.scalar_type() == q.scalar_type() ? cos_in : cos_in.to(q.scalar_type());
-  at::Tensor sin = sin_in.scalar_type() == q.scalar_type() ? sin_in : sin_in.to(q.scalar_type());
+std::pair<OptTensor, OptTensor> cos_sin_problem(const char* op, RopeProblem& p, const RopeCosSinArgs& a,
+                                                const RopeInputs& in, PositionInfo& info, const Backend& backend) {
+  const Tensor& q = a.q;
+  check_same_device(op, q, "q", a.cos, "cos");
+  check_same_device(op, q, "q", a.sin, "sin");
+  POSENC_CHECK(a.cos.dim() >= 2 && a.cos.dim() <= 3, op, ": cos must be [seq, rotary_dim] or [batch, seq, rotary_dim]",
+               ", got shape ", sizes_of(a.cos));
+  POSENC_CHECK(a.cos.sizes().equals(a.sin.sizes()), op, ": cos and sin must have the same shape, got ",
+               sizes_of(a.cos), " and ", sizes_of(a.sin));
+  POSENC_CHECK(is_float_dtype(a.cos.scalar_type()) && is_float_dtype(a.sin.scalar_type()), op,
+               ": cos and sin must be floating point, got ", a.cos.scalar_type(), " and ", a.sin.scalar_type());
+  const int64_t rot = a.cos.size(-1);
+  POSENC_CHECK(rot >= 2 && rot % 2 == 0 && rot <= in.q.head_dim, op,
+               ": cos/sin last dim is the rotary dim; it must be even and in [2, head_dim = ", in.q.head_dim, "], got ",
+               rot);
+  const ScalarType dt = q.scalar_type();
+  Tensor cos = a.cos.scalar_type() == dt ? a.cos : to_dtype(a.cos, dt);
+  Tensor sin = a.sin.scalar_type() == dt ? a.sin : to_dtype(a.sin, dt);
   // The kernels read both tables with cos's row strides and a contiguous last dim: any other
   // layout is copied to a contiguous one (a table is small next to q and k).
-  if (cos.stride(-1) != 1 || sin.strides() != cos.strides()) {
-    cos = cos.contiguous();
-    sin = sin.contiguous();
+  if (cos.stride(-1) != 1 || !sin.strides().equals(cos.strides())) {
+    cos = torch::stable::contiguous(cos);
+    sin = torch::stable::contiguous(sin);
   }
   p.rot_dim = rot;
   p.cos = cos.data_ptr();
   p.sin = sin.data_ptr();
-  if (positions.has_value()) {
-    TORCH_CHECK(cos.dim() == 2, op, ": with positions, cos and sin must be tables [max_positions, rotary_dim], got shape ",
-                cos.sizes());
-    check_positions(op, p, info, q, positions, std::nullopt, layout, 0, backend);
+  if (a.positions.has_value()) {
+    POSENC_CHECK(cos.dim() == 2, op,
+                 ": with positions, cos and sin must be tables [max_positions, rotary_dim], got shape ", sizes_of(cos));
+    check_positions(op, p, info, q, a.positions, std::nullopt, a.layout, 0, backend);
     // Gathered rows must exist: check the range on the host (when values may be read; the kernels
     // clamp the row index in any case, so a bad position never reads out of bounds).
     if (info.known) {
-      TORCH_CHECK(info.lo >= 0 && info.hi < cos.size(0), op, ": positions must be in [0, ", cos.size(0),
-                  ") to index cos/sin, got [", info.lo, ", ", info.hi, "]");
+      POSENC_CHECK(info.lo >= 0 && info.hi < cos.size(0), op, ": positions must be in [0, ", cos.size(0),
+                   ") to index cos/sin, got [", info.lo, ", ", info.hi, "]");
     }
     p.cs_by_position = true;
     p.cs_rows = cos.size(0);
     p.cs_stride_s = cos.stride(0);
   } else if (cos.dim() == 2) {
-    TORCH_CHECK(cos.size(0) == in.q.seq, op, ": cos must have seq = ", in.q.seq, " rows, got shape ", cos.sizes());
+    POSENC_CHECK(cos.size(0) == in.q.seq, op, ": cos must have seq = ", in.q.seq, " rows, got shape ", sizes_of(cos));
     p.cs_stride_b = 0;
     p.cs_stride_s = cos.stride(0);
   } else {
-    TORCH_CHECK((cos.size(0) == in.q.batch || cos.size(0) == 1) && cos.size(1) == in.q.seq, op,
-                ": cos must be [batch = ", in.q.batch, " or 1, seq = ", in.q.seq, ", rotary_dim], got shape ", cos.sizes());
+    POSENC_CHECK((cos.size(0) == in.q.batch || cos.size(0) == 1) && cos.size(1) == in.q.seq, op,
+                 ": cos must be [batch = ", in.q.batch, " or 1, seq = ", in.q.seq, ", rotary_dim], got shape ",
+                 sizes_of(cos));
     p.cs_stride_b = cos.size(0) == 1 ? 0 : cos.stride(0);
     p.cs_stride_s = cos.stride(1);
   }
@@ -579,59 +554,29 @@ std::pair<at::Tensor, at::Tensor> cos_sin_problem(const char* op, RopeProblem& p
 }
 
 // Validates, then rotates by a cos/sin table into (dst_q, dst_k): fresh outputs, or q and k in place.
-void rope_table(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor* dst_q,
-                const at::Tensor* dst_k, const at::Tensor& cos, const at::Tensor& sin,
-                const std::optional<at::Tensor>& positions, std::string_view layout, bool inverse, const Backend& backend) {
-  RopeStart s = start_rope(op, q, k, dst_q, layout);
-  const RopeInputs& in = s.in;
-  const bool in_place = s.in_place;
+void rope_table(const char* op, const RopeCosSinArgs& a, const Tensor* dst_q, const Tensor* dst_k,
+                const Backend& backend) {
+  RopeStart s = start_rope(op, a.q, a.k, dst_q, a.layout);
   RopeProblem& p = s.p;
   PositionInfo info;
-  const auto tables = cos_sin_problem(op, p, q, cos, sin, positions, layout, in, info, backend);  // keeps converted tables alive
-  if (in_place) {
-    check_inputs_apart(op, q, k, {{&tables.first, "cos"}, {&tables.second, "sin"}, {&info.positions, "positions"}});
+  const auto tables = cos_sin_problem(op, p, a, s.in, info, backend);  // keeps converted tables alive
+  if (s.in_place) {
+    check_inputs_apart(op, a.q, a.k, {{&tables.first, "cos"}, {&tables.second, "sin"}, {&info.positions, "positions"}});
   }
-  p.inverse = inverse;
-  finish_rope(op, s, q, k, dst_q, dst_k, layout, backend);
+  p.inverse = a.inverse;
+  finish_rope(op, s, a.q, a.k, dst_q, dst_k, a.layout, backend);
 }
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> rope_cos_sin_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
-                                                   const at::Tensor& sin, const std::optional<at::Tensor>& positions,
-                                                   std::string_view layout, bool inverse, const Backend& backend) {
-  at::Tensor q_out = at::empty_like(q), k_out = at::empty_like(k);
-  rope_table("posenc.rope_cos_sin", q, k, &q_out, &k_out, cos, sin, positions, layout, inverse, backend);
+std::tuple<Tensor, Tensor> rope_cos_sin_op(const RopeCosSinArgs& a, const Backend& backend) {
+  Tensor q_out = torch::stable::empty_like(a.q), k_out = torch::stable::empty_like(a.k);
+  rope_table("posenc.rope_cos_sin", a, &q_out, &k_out, backend);
   return {q_out, k_out};
 }
 
-void rope_cos_sin_inplace_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
-                             const std::optional<at::Tensor>& positions, std::string_view layout, bool inverse,
-                             const Backend& backend) {
-  rope_table("posenc.rope_cos_sin_", q, k, nullptr, nullptr, cos, sin, positions, layout, inverse, backend);
+void rope_cos_sin__op(const RopeCosSinArgs& a, const Backend& backend) {
+  rope_table("posenc.rope_cos_sin_", a, nullptr, nullptr, backend);
 }
 
 }  // namespace posenc
-
-// The in-place ops bump the version counters of q and k after writing them (torch's rule for
-// in-place ops: autograd then catches a rotated tensor that an earlier op saved for backward),
-// whatever the backend. The Autograd kernels (leaf checks, in-place gradient) are registered from
-// Python, posenc_native/ops.py.
-namespace {
-void redispatch_then_bump(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
-  const size_t n = op.schema().arguments().size();
-  const at::Tensor q = (*stack)[stack->size() - n].toTensor();
-  const at::Tensor k = (*stack)[stack->size() - n + 1].toTensor();
-  {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
-  }
-  q.unsafeGetTensorImpl()->bump_version();
-  k.unsafeGetTensorImpl()->bump_version();
-}
-}  // namespace
-
-TORCH_LIBRARY_IMPL(posenc, ADInplaceOrView, m) {
-  m.impl("rope_", torch::CppFunction::makeFromBoxedFunction<&redispatch_then_bump>());
-  m.impl("rope_cos_sin_", torch::CppFunction::makeFromBoxedFunction<&redispatch_then_bump>());
-}

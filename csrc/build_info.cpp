@@ -1,0 +1,52 @@
+// The kernel of posenc::build_info: JSON with the versions and options the library was built with.
+#include "build_info.h"
+
+#include <atomic>
+#include <exception>
+#include <sstream>
+#include <string>
+
+#include "cpu/isa.h"
+
+namespace posenc {
+
+namespace {
+struct CudaBuildFacts {
+  const char* cuda_version;
+  const char* cuda_archs;
+  const char* cuda_compiler;
+};
+CudaBuildFacts g_cuda_facts;
+std::atomic<const CudaBuildFacts*> g_cuda{nullptr};
+
+// The CPU path the kernels take in this process (csrc/cpu/isa.h): a run-time fact, reported here
+// so benchmarks and bug reports can say which path ran.
+std::string cpu_path() {
+  try {
+    return cpu::isa_name(cpu::cpu_isa());
+  } catch (const std::exception&) {
+    return "invalid POSENC_CPU_ISA";
+  }
+}
+}  // namespace
+
+std::string build_info_json() {
+  const CudaBuildFacts* cuda = g_cuda.load();
+  std::ostringstream s;
+  // torch: the torch the library was compiled with; torch_target: the oldest torch whose stable
+  // ABI it uses (it loads into that one and every later one).
+  s << "{\"version\": \"" << POSENC_VERSION << "\", \"torch\": \"" << POSENC_TORCH_VERSION
+    << "\", \"torch_target\": \"" << POSENC_TORCH_TARGET << "\", \"cuda\": " << (cuda ? "true" : "false")
+    << ", \"cuda_version\": \"" << (cuda ? cuda->cuda_version : "") << "\", \"cuda_archs\": \""
+    << (cuda ? cuda->cuda_archs : "") << "\", \"cxx_compiler\": \"" << POSENC_CXX_COMPILER
+    << "\", \"cuda_compiler\": \"" << (cuda ? cuda->cuda_compiler : "") << "\", \"cxx11_abi\": "
+    << _GLIBCXX_USE_CXX11_ABI << ", \"cplusplus\": " << __cplusplus << ", \"cpu_isa\": \"" << cpu_path() << "\"}";
+  return s.str();
+}
+
+}  // namespace posenc
+
+void posenc_set_cuda_build_facts(const char* cuda_version, const char* cuda_archs, const char* cuda_compiler) {
+  posenc::g_cuda_facts = {cuda_version, cuda_archs, cuda_compiler};
+  posenc::g_cuda.store(&posenc::g_cuda_facts);
+}

@@ -10,11 +10,13 @@
 
 #include "registration.h"
 
-// Where the compiled library says which torch it was built with and the oldest it loads into,
-// readable without loading it: the Python loader (posenc_native/_library.py) searches the file for
-// this marker when loading fails.
+// Where the compiled library says which torch it was built with and the oldest torch it loads into
+// (its stable-ABI target), readable without loading it: the Python loader
+// (posenc_native/_library.py) searches the file for these markers.
 extern "C" __attribute__((used, visibility("default"))) const char posenc_built_for_torch[] =
-    "posenc-built-for-torch=" POSENC_TORCH_VERSION ";target=" POSENC_TORCH_TARGET;
+    "posenc-built-for-torch=" POSENC_TORCH_VERSION;
+extern "C" __attribute__((used, visibility("default"))) const char posenc_torch_target[] =
+    "posenc-torch-target=" POSENC_TORCH_TARGET;
 
 namespace posenc {
 

@@ -322,9 +322,8 @@ def apply_rope_(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Op
     args = (q, k_arg, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, False)
     if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k_arg.requires_grad)):
         torch.ops.posenc.rope_(*args)
-    else:  # what the Autograd kernel would do, without its Python round trip (decode steps are short)
-        with torch._C._AutoDispatchBelowAutograd():
-            torch.ops.posenc.rope_(*args)
+    else:  # what the Autograd and ADInplaceOrView kernels would do, without their Python round trips
+        _rope_below_autograd("posenc.rope_", torch.ops.posenc.rope_, args)
     return q, k
 
 
@@ -443,13 +442,12 @@ torch.library.register_autograd("posenc::rope_cos_sin", _rope_cos_sin_backward, 
 # --------------------------------------------------------------------------------------------
 # In-place ops and autograd: torch's rules for in-place ops (``mul_`` is the model), for the
 # Python API and the raw torch.ops.posenc.rope_ / rope_cos_sin_ alike.
-#   - ADInplaceOrView (C++, csrc/host/plan.cpp): the version counters of q and k are bumped, so a
-#     tensor saved for backward and then rotated in place is caught by autograd.
+#   - ADInplaceOrView (below): the version counters of q and k are bumped, so a tensor saved for
+#     backward and then rotated in place is caught by autograd; inference tensors outside inference
+#     mode are refused before anything is written.
 #   - Autograd: under grad mode, a leaf that requires grad (or a view of one) is refused before
 #     anything is written; a non-leaf gets its history rebased onto a node whose backward is the
 #     inverse rotation, computed by the out-of-place op (so double backward works too).
-#   - Inference tensors outside inference mode are refused by the op itself (csrc/host/plan.cpp):
-#     they carry no autograd keys, so no Python kernel would see them.
 
 _IMPL_LIB = torch.library.Library("posenc", "IMPL")
 
@@ -538,3 +536,47 @@ def _register_inplace(name: str, split, inverse_fn) -> None:
 
 _register_inplace("rope_", lambda a: ((a[2], a[3], a[4]), (a[5], a[6], a[7], a[8], a[9])), _inverse_rope)
 _register_inplace("rope_cos_sin_", lambda a: ((a[2], a[3], a[4]), (a[5], a[6])), _inverse_rope_cos_sin)
+
+
+# --------------------------------------------------------------------------------------------
+# ADInplaceOrView kernels of the in-place ops. LibTorch's stable ABI (the op library's only torch
+# interface, csrc/host/stable.h) has no version counters and no inference-mode state, so torch's
+# in-place rules live here, as torch.library.custom_op does it for Python ops: refuse an inference
+# tensor outside inference mode (before any write), run the kernel below this key, bump the version
+# counters of q and k. This key is reached outside inference mode for every tensor (it is in the
+# default thread-local key set) and inside it for normal tensors (their own key set has it).
+
+def _check_not_inference(opname: str, q: torch.Tensor, k: torch.Tensor) -> None:
+    if (q.is_inference() or k.is_inference()) and not torch.is_inference_mode_enabled():
+        name = "q" if q.is_inference() else "k"
+        raise RuntimeError(f"{opname}: {name} is an inference tensor: Inplace update to inference tensor outside "
+                           "InferenceMode is not allowed. Clone it outside inference mode first, or run under "
+                           "torch.inference_mode()")
+
+
+def _rope_below_autograd(opname: str, op, args: tuple) -> None:
+    """The in-place op run below its Autograd and ADInplaceOrView kernels, doing what they would:
+    the Python API's fast path when no gradient can flow (one decode step)."""
+    q, k = args[0], args[1]
+    _check_not_inference(opname, q, k)
+    with torch._C._AutoDispatchBelowADInplaceOrView():
+        op(*args)
+    torch._C._increment_version((q, k))
+
+
+def _register_version_bump(name: str) -> None:
+    op = getattr(torch.ops.posenc, name).default
+    opname = f"posenc.{name}"
+    after_keyset = torch._C._after_ADInplaceOrView_keyset
+
+    def ad_inplace_or_view_kernel(keyset, *args):
+        q, k = args[0], args[1]
+        _check_not_inference(opname, q, k)
+        op.redispatch(keyset & after_keyset, *args)
+        torch._C._increment_version((q, k))
+
+    _IMPL_LIB.impl(name, ad_inplace_or_view_kernel, "ADInplaceOrView", with_keyset=True)
+
+
+_register_version_bump("rope_")
+_register_version_bump("rope_cos_sin_")

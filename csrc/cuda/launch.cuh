@@ -1,8 +1,9 @@
 // CUDA helpers shared by the kernels: grid sizing and the grid-stride kernel (vector access is in csrc/core/rope_chunks.h).
 #pragma once
-#include <ATen/ATen.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAStream.h>
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/stream.h"
 
 namespace posenc::cuda {
 
@@ -26,8 +27,8 @@ __global__ void grid_stride_kernel(const Work work, int64_t total) {
 // Launches grid_stride_kernel on the current stream and checks the launch.
 template <typename Work>
 void launch_grid_stride(const Work& work, int64_t total) {
-  grid_stride_kernel<<<blocks_for(total), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(work, total);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  grid_stride_kernel<<<blocks_for(total), kThreads, 0, current_stream()>>>(work, total);
+  STD_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 }  // namespace posenc::cuda

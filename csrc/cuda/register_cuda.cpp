@@ -1,21 +1,35 @@
-// Compiled by the host compiler: the runners launch on the current stream of the guarded device.
-#include <c10/cuda/CUDAGraphsC10Utils.h>
-#include <c10/cuda/CUDAGuard.h>
+// Compiled by the host compiler: the CUDA kernels' registration (libposenc_ops_cuda.so). The runners
+// launch on the current stream of the device the guard sets: the device of the op's first tensor.
+#include <torch/csrc/stable/accelerator.h>
 
+#include "build_info.h"
 #include "cuda/kernels.h"
+#include "cuda/stream.h"
 
 namespace posenc::cuda {
 namespace {
 // Argument values on the GPU can be copied to the host to validate them, except while the current
 // stream is being captured into a CUDA graph.
 bool not_capturing() {
-  return c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  STD_CUDA_CHECK(cudaStreamIsCapturing(current_stream(), &status));
+  return status == cudaStreamCaptureStatusNone;
 }
 constexpr Backend kCudaBackend{run_sinusoidal, run_rope, not_capturing, run_bucket, run_relative_bias,
                                 run_relative_bias_grad};
+
+struct CudaGuard {
+  torch::stable::accelerator::DeviceGuard guard;
+  explicit CudaGuard(const Tensor& t) : guard(t.get_device_index()) {}
+};
+
+// build_info reports the CUDA facts of this library once it is loaded.
+const bool kFactsReported = (posenc_set_cuda_build_facts(POSENC_CUDA_VERSION, POSENC_CUDA_ARCHS_STR,
+                                                         POSENC_CUDA_COMPILER),
+                             true);
 }  // namespace
 }  // namespace posenc::cuda
 
-TORCH_LIBRARY_IMPL(posenc, CUDA, m) {
-  posenc::register_kernels<posenc::cuda::kCudaBackend, c10::cuda::CUDAGuard>(m);
+STABLE_TORCH_LIBRARY_IMPL(posenc, CUDA, m) {
+  posenc::register_kernels<posenc::cuda::kCudaBackend, posenc::cuda::CudaGuard>(m);
 }

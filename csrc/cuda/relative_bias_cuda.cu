@@ -36,14 +36,14 @@ struct BiasGradWork {
 
 void run_bucket(const BucketProblem& p) { launch_grid_stride(BucketWork{p}, p.numel); }
 
-void run_relative_bias(const RelativeBiasProblem& p, at::ScalarType dtype) {
+void run_relative_bias(const RelativeBiasProblem& p, ScalarType dtype) {
   dispatch_float_types(dtype, "posenc.relative_bias", [&](auto tag) {
     launch_grid_stride(BiasWork<decltype(tag)>{p}, p.query_length * p.key_length);
   });
 }
 
 // Two passes, in order on one stream: diagonal sums, then one output element per thread.
-void run_relative_bias_grad(const RelativeBiasGradProblem& p, at::ScalarType dtype) {
+void run_relative_bias_grad(const RelativeBiasGradProblem& p, ScalarType dtype) {
   dispatch_float_types(dtype, "posenc.relative_bias_backward", [&](auto tag) {
     using T = decltype(tag);
     launch_grid_stride(DiagonalWork<T>{p}, p.heads * p.diagonals());

@@ -27,7 +27,7 @@ void launch(const RopeProblem& p) {
 
 }  // namespace
 
-void run_rope(const RopeProblem& p, at::ScalarType dtype) {
+void run_rope(const RopeProblem& p, ScalarType dtype) {
   dispatch_float_types(dtype, "posenc.rope", [&](auto tag) {
     using T = decltype(tag);
     constexpr int kVec = 16 / sizeof(T);

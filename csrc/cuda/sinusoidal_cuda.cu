@@ -14,7 +14,7 @@ struct SinusoidalWork {
 
 }  // namespace
 
-void run_sinusoidal(const SinusoidalProblem& p, at::ScalarType dtype) {
+void run_sinusoidal(const SinusoidalProblem& p, ScalarType dtype) {
   dispatch_float_types(dtype, "posenc.sinusoidal", [&](auto tag) {
     launch_grid_stride(SinusoidalWork<decltype(tag)>{p}, sinusoidal_work_items(p));
   });

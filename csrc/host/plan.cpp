@@ -198,7 +198,7 @@ Tensor add_sinusoidal_op(const AddSinusoidalArgs& a, const Backend& backend) {
   check_sinusoidal_domain(op, positions, p.params, backend);
   // x's layout when its last dim is contiguous (dense x keeps its strides), else row-major:
   // the kernels write rows with a contiguous last dim. ops.py's fake kernel mirrors this rule.
-  Tensor out = x.stride(-1) == 1 ? torch::stable::empty_like(x) : empty(x.sizes(), x.scalar_type(), x);
+  Tensor out = x.stride(-1) == 1 ? new_empty_like(x) : empty(x.sizes(), x.scalar_type(), x);
   if (out.numel() == 0) return out;
   p.batch = batch;
   p.seq = seq;
@@ -486,7 +486,7 @@ void rope_frequency(const char* op, const RopeArgs& a, const Tensor* dst_q, cons
 }  // namespace
 
 std::tuple<Tensor, Tensor> rope_op(const RopeArgs& a, const Backend& backend) {
-  Tensor q_out = torch::stable::empty_like(a.q), k_out = torch::stable::empty_like(a.k);
+  Tensor q_out = new_empty_like(a.q), k_out = new_empty_like(a.k);
   rope_frequency("posenc.rope", a, &q_out, &k_out, backend);
   return {q_out, k_out};
 }
@@ -570,7 +570,7 @@ void rope_table(const char* op, const RopeCosSinArgs& a, const Tensor* dst_q, co
 }  // namespace
 
 std::tuple<Tensor, Tensor> rope_cos_sin_op(const RopeCosSinArgs& a, const Backend& backend) {
-  Tensor q_out = torch::stable::empty_like(a.q), k_out = torch::stable::empty_like(a.k);
+  Tensor q_out = new_empty_like(a.q), k_out = new_empty_like(a.k);
   rope_table("posenc.rope_cos_sin", a, &q_out, &k_out, backend);
   return {q_out, k_out};
 }

@@ -2,12 +2,15 @@
 // torch/headeronly), so one build of the library loads into every torch from its target version on
 // (CMakeLists.txt, POSENC_TORCH_TARGET). No c10/ATen header is included anywhere in csrc.
 #pragma once
+#include <torch/csrc/stable/macros.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
 #include <torch/headeronly/core/ScalarType.h>
 #include <torch/headeronly/util/BFloat16.h>
 #include <torch/headeronly/util/Half.h>
 
+#include <algorithm>
+#include <utility>
 #include <optional>
 #include <ostream>
 #include <sstream>
@@ -90,6 +93,45 @@ inline Tensor empty(std::initializer_list<int64_t> sizes, ScalarType dtype, cons
 }
 inline Tensor empty(torch::headeronly::IntHeaderOnlyArrayRef sizes, ScalarType dtype, const Tensor& like) {
   return torch::stable::empty(sizes, dtype, std::nullopt, like.device());
+}
+
+// Every element at its own address with no gaps between them (some permutation of the dims is
+// row-major): ATen's is_non_overlapping_and_dense.
+inline bool non_overlapping_and_dense(const Tensor& t) {
+  const auto size = t.sizes();
+  const auto stride = t.strides();
+  std::pair<int64_t, int64_t> dims[16];  // (stride, size) of the dims with size != 1
+  size_t n = 0;
+  for (size_t d = 0; d < size.size(); ++d) {
+    if (size[d] == 1) continue;
+    if (n == 16) return false;  // never for the tensors of these ops; answer "no" rather than guess
+    dims[n++] = {stride[d], size[d]};
+  }
+  std::sort(dims, dims + n);
+  int64_t expected = 1;
+  for (size_t i = 0; i < n; ++i) {
+    if (dims[i].first != expected) return false;
+    expected *= dims[i].second;
+  }
+  return true;
+}
+
+// torch.empty_like(t). For a non-overlapping dense t, ATen's empty_like is empty_strided with t's
+// sizes and strides: made here through the direct allocation shim, which skips a boxed dispatcher
+// call (a decode step's outputs are small, so that call is a visible part of its cost). Any other
+// t goes to aten::empty_like itself.
+inline Tensor new_empty_like(const Tensor& t) {
+  if (!non_overlapping_and_dense(t)) return torch::stable::empty_like(t);
+  int32_t dtype = 0, device_type = 0, device_index = 0;
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(t.get(), &dtype));
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(t.get(), &device_type));
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(t.get(), &device_index));
+  const auto size = t.sizes();
+  const auto stride = t.strides();
+  AtenTensorHandle out = nullptr;
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(static_cast<int64_t>(size.size()), size.data(),
+                                                         stride.data(), dtype, device_type, device_index, &out));
+  return Tensor(out);
 }
 
 // The dtype of element type T (float, double, c10::Half, c10::BFloat16).

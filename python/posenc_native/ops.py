@@ -322,8 +322,12 @@ def apply_rope_(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Op
     args = (q, k_arg, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, False)
     if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k_arg.requires_grad)):
         torch.ops.posenc.rope_(*args)
-    else:  # what the Autograd and ADInplaceOrView kernels would do, without their Python round trips
-        _rope_below_autograd("posenc.rope_", torch.ops.posenc.rope_, args)
+    else:  # what the Autograd and ADInplaceOrView kernels (below) would do, without their Python round trips
+        if q.is_inference() or k_arg.is_inference():
+            _check_not_inference("posenc.rope_", q, k_arg)
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            torch.ops.posenc.rope_(*args)
+        torch._C._increment_version((q, k_arg))
     return q, k
 
 
@@ -545,6 +549,7 @@ _register_inplace("rope_cos_sin_", lambda a: ((a[2], a[3], a[4]), (a[5], a[6])),
 # tensor outside inference mode (before any write), run the kernel below this key, bump the version
 # counters of q and k. This key is reached outside inference mode for every tensor (it is in the
 # default thread-local key set) and inside it for normal tensors (their own key set has it).
+# apply_rope_'s fast path (no gradient can flow) does the same inline, below this key.
 
 def _check_not_inference(opname: str, q: torch.Tensor, k: torch.Tensor) -> None:
     if (q.is_inference() or k.is_inference()) and not torch.is_inference_mode_enabled():
@@ -552,16 +557,6 @@ def _check_not_inference(opname: str, q: torch.Tensor, k: torch.Tensor) -> None:
         raise RuntimeError(f"{opname}: {name} is an inference tensor: Inplace update to inference tensor outside "
                            "InferenceMode is not allowed. Clone it outside inference mode first, or run under "
                            "torch.inference_mode()")
-
-
-def _rope_below_autograd(opname: str, op, args: tuple) -> None:
-    """The in-place op run below its Autograd and ADInplaceOrView kernels, doing what they would:
-    the Python API's fast path when no gradient can flow (one decode step)."""
-    q, k = args[0], args[1]
-    _check_not_inference(opname, q, k)
-    with torch._C._AutoDispatchBelowADInplaceOrView():
-        op(*args)
-    torch._C._increment_version((q, k))
 
 
 def _register_version_bump(name: str) -> None:

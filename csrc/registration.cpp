@@ -2,14 +2,18 @@
 // fake (meta) kernels and autograd are registered from Python (posenc_native/ops.py).
 #include <torch/library.h>
 
-#include "posenc/posenc.h"
+#include <string>
+
+namespace posenc {
+std::string library_build_info_json();  // csrc/build_info.cpp
+}
 
 TORCH_LIBRARY(posenc, m) {
   // Lets torch import the Python module that holds the fake kernels when they are needed.
   m.set_python_module("posenc_native.ops");
   const std::vector<at::Tag> tags{at::Tag::pt2_compliant_tag};
 
-  m.def("build_info() -> str", &posenc::build_info_json);
+  m.def("build_info() -> str", &posenc::library_build_info_json);
 
   // Sinusoidal tables: positions [N] (integer or float) -> [N, dim].
   m.def("sinusoidal_table(Tensor positions, int dim, float base, bool interleaved, float freq_shift, "

@@ -79,11 +79,12 @@ def _load(path: str, what: str) -> None:
         torch.ops.load_library(path)
     except OSError as e:
         built = built_for_torch(path)
+        reason = e.__cause__ or e  # torch's "Could not load this library" wraps the loader's reason
         raise ImportError(
             f"posenc_native: the {what} {path} could not be loaded into torch {torch.__version__}"
-            + (f" (CUDA {torch.version.cuda})" if torch.version.cuda else "") + f": {e}. "
+            + (f" (CUDA {torch.version.cuda})" if torch.version.cuda else "") + f" ({reason}). "
             + (f"It was built for torch {built}; " if built else "")
-            + f"this release supports {TORCH_REQUIREMENT}. {_BUILD_HINT}"
+            + f"This release supports {TORCH_REQUIREMENT}. {_BUILD_HINT}"
         ) from e
 
 

@@ -147,12 +147,22 @@ def _import_in_subprocess(env_extra: dict) -> "subprocess.CompletedProcess[str]"
                           capture_output=True, text=True, env=env, timeout=300)
 
 
-def test_cuda_library_override(tmp_path):
-    """POSENC_CUDA_LIBRARY names the CUDA kernel library: a CUDA torch loads it (here a broken file:
-    an ImportError naming it, torch's version and the range); a CPU-only torch never touches it."""
+@pytest.mark.parametrize("where", ["POSENC_CUDA_LIBRARY", "beside the main library"])
+def test_cuda_library_found_and_loaded_only_with_cuda_torch(tmp_path, where):
+    """The CUDA kernel library is libposenc_ops_cuda.so beside the main library, or the one that
+    POSENC_CUDA_LIBRARY names: a CUDA torch loads it (here a broken file: an ImportError naming it,
+    torch's version and the range); a CPU-only torch never touches it."""
+    import shutil
+
     bad = tmp_path / "libposenc_ops_cuda.so"
     bad.write_bytes(b"\x7fELF-not-a-library")
-    r = _import_in_subprocess({"POSENC_CUDA_LIBRARY": str(bad), "POSENC_LIBRARY": pn.library_path()})
+    if where == "POSENC_CUDA_LIBRARY":
+        env = {"POSENC_CUDA_LIBRARY": str(bad), "POSENC_LIBRARY": pn.library_path()}
+    else:
+        main = tmp_path / "libposenc_ops.so"
+        shutil.copy(pn.library_path(), main)
+        env = {"POSENC_LIBRARY": str(main)}
+    r = _import_in_subprocess(env)
     if torch.version.cuda is None:
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip() == "None"

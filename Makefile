@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEPS_STAMP := $(VENV)/.posenc-deps
 
-.PHONY: run test build bench coverage clean sanitize
+.PHONY: run test build bench coverage clean sanitize test-second-torch
 .DEFAULT_GOAL := test
 
 $(DEPS_STAMP): requirements-dev.txt
@@ -28,6 +28,13 @@ run: build
 test: build
 	$(BIN)/python -m pytest -q tests
 	@if [ "$${POSENC_SKIP_WHEEL_SMOKE:-0}" != 1 ]; then PYTHON=$(PYTHON) bash ci/wheel_smoke.sh; fi
+
+# The wheel file `make test` built (dist/, not rebuilt) in a fresh virtual environment with another
+# torch, the CPU-only 2.13.0 by default, and the test suite there: one wheel serves every torch in
+# the range of pyproject.toml, CUDA build or not (ci/wheel_smoke.sh, WITH_TESTS=1).
+SECOND_TORCH ?= torch==2.13.0
+test-second-torch:
+	WITH_TESTS=1 TORCH_SPEC=$(SECOND_TORCH) PYTHON=$(PYTHON) bash ci/wheel_smoke.sh
 
 # The CPU op library built with AddressSanitizer and UndefinedBehaviorSanitizer (build/sanitize, its
 # own build dir), and the RoPE, sinusoidal and adversarial tests run against it. Python and torch are

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The GPU check: run on the H200 machine through the device tool, from the repository root.
-#   build from source (no network: --no-build-isolation against the machine's torch), run the CUDA
-#   tests, benchmark against the PyTorch reference, torch.compile, Liger-Kernel (when carried) and a
-#   device copy. Everything lands under $OUT (summary.txt first).
+#   install the prebuilt wheel carried in dist/ (`make build` here; on LibTorch's stable ABI it loads
+#   into the machine's own torch), or, when none fits (none carried, several, or it does not load
+#   or has no kernels for this GPU), build from source (no network: --no-build-isolation against the
+#   machine's torch; POSENC_GPU_FROM_SOURCE=1 forces this); run the CUDA tests, benchmark against the
+#   PyTorch reference, torch.compile, Liger-Kernel (when carried) and a device copy. Everything lands
+#   under $OUT (summary.txt first).
 # Optional wheels (liger-kernel, expecttest) travel in .whl/ (see benchmarks/README.md).
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
@@ -27,9 +30,41 @@ if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 fi
 
-# One arch is enough here and halves the build.
-export POSENC_CUDA=ON POSENC_CUDA_ARCHS=${POSENC_CUDA_ARCHS:-90}
-step build python3 -m pip install -v --no-build-isolation --no-deps --force-reinstall . || { say "build failed"; exit 1; }
+# Does the installed package fit this machine: it imports, its CUDA kernel library is loaded and has
+# code for this GPU (one op runs on it).
+FITS='
+import torch, posenc_native as pn
+info = pn.build_info()
+print(info)
+assert torch.cuda.is_available(), "torch sees no GPU"
+assert info["cuda_library"], "the CUDA kernel library was not loaded"
+cap, archs = "%d%d" % torch.cuda.get_device_capability(), info["cuda_archs"]
+assert any(a.split("-")[0] == cap for a in archs), f"no sm_{cap} code in {archs}"
+t = torch.ops.posenc.sinusoidal_table(torch.arange(8, device="cuda"), 16, 1e4, True, 0.0, 1.0, False, torch.float32)
+torch.cuda.synchronize()
+assert t.is_cuda and t.abs().max().item() > 0.5
+'
+shopt -s nullglob
+wheels=(dist/posenc_native-*.whl)
+shopt -u nullglob
+how=""
+if [[ "${POSENC_GPU_FROM_SOURCE:-0}" == 1 ]]; then
+  say "POSENC_GPU_FROM_SOURCE=1: building from source"
+elif [[ ${#wheels[@]} -ne 1 ]]; then
+  say "${#wheels[@]} wheels in dist/ (carry exactly one: carry [\"dist\"] after make build): building from source"
+elif step install python3 -m pip install --no-index --no-deps --force-reinstall "${wheels[0]}" \
+     && (cd /tmp && step fits python3 -c "$FITS"); then
+  how="prebuilt wheel ${wheels[0]##*/}"
+else
+  say "the wheel ${wheels[0]##*/} does not fit this machine (see install.log, fits.log): building from source"
+fi
+if [[ -z "$how" ]]; then
+  # One arch is enough here and halves the build.
+  export POSENC_CUDA=ON POSENC_CUDA_ARCHS=${POSENC_CUDA_ARCHS:-90}
+  step build python3 -m pip install -v --no-build-isolation --no-deps --force-reinstall . || { say "build failed"; exit 1; }
+  how="built from source"
+fi
+say "op library: $how"
 step selfcheck python3 -m posenc_native
 step tests python3 -m pytest -q -p no:cacheprovider tests/test_rope.py tests/test_sinusoidal.py \
   tests/test_compile_export.py tests/test_adversarial.py tests/test_relative_bias.py \

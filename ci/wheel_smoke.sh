@@ -8,6 +8,9 @@
 #
 # Environment: PYTHON (default python3), TORCH_SPEC (default torch==2.14.1), KEEP_VENV=1 keeps the
 # temporary folder (its path is printed). Installing torch copies about 5 GB: run it once per wheel.
+# WITH_TESTS=1 also installs the test dependencies (requirements-dev.txt's pins, torch left out) and
+# runs the test suite (tests/, PYTEST_ARGS) against the installed wheel: `make test-second-torch`
+# does this with the CPU-only torch 2.13.0, to show that the one wheel serves other torch versions.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -48,10 +51,25 @@ echo "== wheel: $wheel"
 echo "== fresh virtual environment in $venv ($("$python" --version 2>&1))"
 "$python" -m venv "$venv"
 vpy="$venv/bin/python"
-echo "== pip install $torch_spec"
-"$vpy" -m pip install -q "$torch_spec"
-echo "== pip install --no-deps $(basename "$wheel")"
-"$vpy" -m pip install -q --no-deps "$wheel"
+if [[ "${WITH_TESTS:-0}" == "1" ]]; then
+  # The test dependencies, pinned as for the main run, in the same resolve as torch so that none
+  # of them can move torch.
+  grep -v -E '^[[:space:]]*torch([=<>!~ ;]|$)' "$here/requirements-dev.txt" > "$work/requirements-tests.txt"
+  echo "== pip install $torch_spec + the test dependencies of requirements-dev.txt"
+  "$vpy" -m pip install -q "$torch_spec" -r "$work/requirements-tests.txt"
+else
+  echo "== pip install $torch_spec"
+  "$vpy" -m pip install -q "$torch_spec"
+fi
+torch_before="$("$vpy" -c 'import torch; print(torch.__version__)')"
+# With its dependencies: the wheel's metadata must accept this torch as it is (pip then installs nothing more).
+echo "== pip install $(basename "$wheel") (torch $torch_before)"
+"$vpy" -m pip install -q "$wheel"
+torch_after="$("$vpy" -c 'import torch; print(torch.__version__)')"
+if [[ "$torch_after" != "$torch_before" ]]; then
+  echo "wheel_smoke: installing the wheel replaced torch $torch_before with $torch_after: its torch requirement excludes $torch_before" >&2
+  exit 1
+fi
 
 # Run from a folder outside the source tree, with nothing pointing back into it.
 cd "$work"
@@ -77,4 +95,11 @@ EOF
 
 echo "== posenc"
 "$venv/bin/posenc"
+if [[ "${WITH_TESTS:-0}" == "1" ]]; then
+  # The suite from the source tree, run from here: tests/ (not the repository root) lands on
+  # sys.path, so posenc_native comes from the environment, as checked above.
+  echo "== pytest tests/ against the installed wheel, torch $torch_after"
+  # shellcheck disable=SC2086
+  "$vpy" -m pytest -q -p no:cacheprovider --rootdir "$here" "$here/tests" ${PYTEST_ARGS:-}
+fi
 echo "== wheel smoke test passed"

@@ -661,11 +661,14 @@ def test_second_library_path_refused_naming_both(tmp_path):
 
 
 def test_library_that_fails_to_load_names_its_torch(tmp_path):
+    from posenc_native import _library
+
     bad = tmp_path / "libposenc_ops.so"
     bad.write_bytes(b"\x7fELF-not-really\0posenc-built-for-torch=2.99.0\0")
     r = _run_python("import posenc_native", {"POSENC_LIBRARY": str(bad)})
     assert r.returncode == 1
     assert "ImportError" in r.stderr and "built for torch 2.99.0" in r.stderr and torch.__version__ in r.stderr
+    assert str(bad) in r.stderr and _library.TORCH_REQUIREMENT in r.stderr and "--no-build-isolation" in r.stderr
 
 
 def test_built_library_records_its_torch():

@@ -14,7 +14,7 @@ BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_cpu.py"
 def run_bench(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     return subprocess.run([sys.executable, str(BENCH), "--quick", *args], capture_output=True, text=True,
-                          timeout=600, env=env)
+                          timeout=600, env=env, cwd=BENCH.parent.parent)  # the command line it prints is relative to cwd
 
 
 def table_rows(stdout: str) -> list[str]:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import posenc_native as pn
+from posenc_native import _library
 
 PACKAGE_DIR = Path(pn.__file__).resolve().parent
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -26,6 +27,7 @@ EXPECTED_TYPES = {
     "cuda_compiler": str,
     "cxx11_abi": bool,
     "library": str,
+    "torch_supported": str,
 }
 
 
@@ -36,8 +38,11 @@ def test_build_info_keys_and_types():
         assert isinstance(info[key], typ), f"build_info()[{key!r}] = {info[key]!r} is not a {typ.__name__}"
     assert all(isinstance(a, str) and a for a in info["cuda_archs"])
     assert info["version"] == pn.__version__
-    # C++ extensions only load into the torch minor version they were built for.
-    assert info["torch"].split(".")[:2] == torch.__version__.split("+")[0].split(".")[:2]
+    # One build on LibTorch's stable ABI serves every torch from TORCH_MIN on: the running torch and
+    # the one the library was built with are both in that range (they need not be the same).
+    assert _library._torch_minor(torch.__version__) >= _library.TORCH_MIN
+    assert _library._torch_minor(info["torch"]) >= _library.TORCH_MIN, info["torch"]
+    assert info["torch_supported"] == _library.TORCH_REQUIREMENT
     assert info["cxx_compiler"].strip()
     assert info["cxx11_abi"] == torch._C._GLIBCXX_USE_CXX11_ABI
     if info["cuda"]:
@@ -53,6 +58,117 @@ def test_cuda_build_required():
     info = pn.build_info()
     assert info["cuda"] is True, f"POSENC_REQUIRE_CUDA_BUILD=1 but the library was built without CUDA: {info}"
     assert any("90" in arch for arch in info["cuda_archs"]), f"sm_90 (H100/H200) missing from {info['cuda_archs']}"
+    # The CUDA kernels live in their own library beside the main one (also in a wheel that a
+    # CPU-only torch loads: there it stays unloaded, see test_cuda_library_only_with_cuda_torch).
+    cuda_lib = Path(info["library"]).parent / "libposenc_ops_cuda.so"
+    assert cuda_lib.is_file(), f"a CUDA build must ship {cuda_lib}"
+
+
+def _mapped(path: str | Path) -> bool:
+    return str(Path(path).resolve()) in Path("/proc/self/maps").read_text()
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc/self/maps (Linux)")
+def test_cuda_library_only_with_cuda_torch():
+    """The CUDA kernels' library is loaded into a CUDA torch, and never into a CPU-only torch (which
+    has no CUDA runtime to resolve it against)."""
+    info = pn.build_info()
+    beside = Path(info["library"]).parent / "libposenc_ops_cuda.so"
+    if torch.version.cuda is None:
+        assert info["cuda_library"] is None
+        assert not (beside.exists() and _mapped(beside))
+        assert not torch._C._dispatch_has_kernel_for_dispatch_key("posenc::rope", "CUDA")
+    elif info["cuda_library"] is not None:
+        assert _mapped(info["cuda_library"])
+        assert torch._C._dispatch_has_kernel_for_dispatch_key("posenc::rope", "CUDA")
+    else:  # a CUDA torch with a CPU-only build: nothing beside the main library to load
+        assert not beside.exists() or torch._C._dispatch_has_kernel_for_dispatch_key("posenc::rope", "CUDA")
+
+
+def test_main_library_needs_no_cuda_runtime():
+    """A CPU-only torch has no CUDA libraries: the main op library must not ask for any."""
+    import shutil
+    import subprocess
+
+    if shutil.which("readelf") is None:
+        pytest.skip("needs binutils (readelf)")
+    needed = subprocess.run(["readelf", "-d", pn.library_path()], capture_output=True, text=True,
+                            check=True).stdout
+    assert "libtorch_cpu.so" in needed  # the check reads real output
+    cuda = [lib for lib in ("libcudart", "libc10_cuda", "libtorch_cuda", "libcuda.so") if lib in needed]
+    assert cuda == [], f"{pn.library_path()} needs {cuda}: it would not load into a CPU-only torch"
+
+
+def test_torch_range_stated_once():
+    """The loader's range and the package metadata's torch requirement are the same."""
+    pyproject = REPO_ROOT / "pyproject.toml"
+    if pyproject.exists():
+        import re
+
+        deps = re.search(r"^dependencies\s*=\s*\[([^\]]*)\]", pyproject.read_text(), re.M)
+        assert deps is not None, "pyproject.toml has no dependencies list"
+        assert re.findall(r'"([^"]+)"', deps.group(1)) == [_library.TORCH_REQUIREMENT], deps.group(0)
+    if not FROM_SOURCE_TREE:
+        from importlib.metadata import PackageNotFoundError, distribution
+
+        try:
+            dist = distribution("posenc-native")
+        except PackageNotFoundError:
+            pytest.skip("posenc_native is not installed as a distribution (no metadata to check)")
+        if Path(dist.locate_file("posenc_native/__init__.py")).resolve() != PACKAGE_DIR / "__init__.py":
+            pytest.skip(f"the posenc-native metadata at {dist.locate_file('')} is not that of the imported {PACKAGE_DIR}")
+        assert _library.TORCH_REQUIREMENT in (dist.requires or []), dist.requires
+
+
+@pytest.mark.parametrize("version, ok", [
+    ("2.10.0", False), ("2.4.1+cu121", False), ("1.13.1", False), ("not-a-version", False),
+    (f"{_library.TORCH_MIN[0]}.{_library.TORCH_MIN[1]}.0", True),
+    (f"{_library.TORCH_MIN[0]}.{_library.TORCH_MIN[1]}.0a0+git1234", True),
+    ("2.14.1+cu130", True), ("2.13.0+cpu", True), ("3.0.0", True),
+])
+def test_torch_outside_range_refused(version, ok):
+    if ok:
+        _library.check_torch_version(version)
+        return
+    with pytest.raises(ImportError) as info:
+        _library.check_torch_version(version)
+    msg = str(info.value)
+    assert version in msg and _library.TORCH_REQUIREMENT in msg
+    assert "pip install --no-build-isolation ." in msg
+
+
+def _import_in_subprocess(env_extra: dict) -> "subprocess.CompletedProcess[str]":
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "POSENC_CUDA_LIBRARY"}
+    env.update(env_extra)
+    return subprocess.run([sys.executable, "-c", "import posenc_native; print(posenc_native.build_info()['cuda_library'])"],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("where", ["POSENC_CUDA_LIBRARY", "beside the main library"])
+def test_cuda_library_found_and_loaded_only_with_cuda_torch(tmp_path, where):
+    """The CUDA kernel library is libposenc_ops_cuda.so beside the main library, or the one that
+    POSENC_CUDA_LIBRARY names: a CUDA torch loads it (here a broken file: an ImportError naming it,
+    torch's version and the range); a CPU-only torch never touches it."""
+    import shutil
+
+    bad = tmp_path / "libposenc_ops_cuda.so"
+    bad.write_bytes(b"\x7fELF-not-a-library")
+    if where == "POSENC_CUDA_LIBRARY":
+        env = {"POSENC_CUDA_LIBRARY": str(bad), "POSENC_LIBRARY": pn.library_path()}
+    else:
+        main = tmp_path / "libposenc_ops.so"
+        shutil.copy(pn.library_path(), main)
+        env = {"POSENC_LIBRARY": str(main)}
+    r = _import_in_subprocess(env)
+    if torch.version.cuda is None:
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == "None"
+    else:
+        assert r.returncode == 1 and "ImportError" in r.stderr, r.stderr
+        assert str(bad) in r.stderr and torch.__version__ in r.stderr and _library.TORCH_REQUIREMENT in r.stderr
 
 
 def test_library_is_loaded_and_registers_ops():

@@ -1,5 +1,6 @@
 // posenc-native from a LibTorch C++ program, no Python involved:
-//   1. the op library is linked and anchored (posenc::ensure_loaded), so torch.ops.posenc.* exist;
+//   1. the op library is linked (the CMake package keeps it under --as-needed), so torch.ops.posenc.*
+//      exist (posenc::ensure_loaded checks);
 //   2. a TorchScript module saved by make_inputs.py runs on inputs Python saved with torch.save;
 //   3. ops are called directly through the C++ API (posenc/posenc.h), relative position biases included;
 //   4. optionally, an AOTInductor package (model.pt2) made by `make_inputs.py --aoti` runs.
@@ -51,8 +52,7 @@ int main(int argc, char** argv) {
   }
   const fs::path dir = argv[1];
   try {
-    // A reference to the library: with -Wl,--as-needed (the default on many distributions) a
-    // library that only registers ops and is otherwise unused would be dropped from the link.
+    // Throws with a hint if libposenc_ops.so is not loaded (e.g. dropped from the link by --as-needed).
     posenc::ensure_loaded();
     std::cout << "posenc build: " << posenc::build_info_json() << "\n";
 

@@ -1,15 +1,48 @@
-"""Find and load the compiled op library (libposenc_ops.so) and report how it was built."""
+"""Find and load the compiled op libraries and report how they were built.
+
+``libposenc_ops.so`` holds the schemas and the CPU kernels; ``libposenc_ops_cuda.so`` (next to it, in
+CUDA builds) holds the CUDA kernels and is loaded only into a torch that has CUDA, so a CPU-only torch
+never needs a CUDA runtime. Both are built on LibTorch's stable ABI, so one build loads into every
+torch from :data:`TORCH_MIN` on.
+"""
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
+# The oldest torch the op libraries support (their stable-ABI target). pyproject.toml's
+# `dependencies` states the same bound; tests/test_build.py checks that they agree.
+TORCH_MIN: tuple[int, int] = (2, 11)
+TORCH_REQUIREMENT = f"torch>={TORCH_MIN[0]}.{TORCH_MIN[1]}"
+
 _LIB_NAME = "libposenc_ops.so"
+_CUDA_LIB_NAME = "libposenc_ops_cuda.so"
+_BUILD_HINT = ("To build from source against the torch you have: `pip install --no-build-isolation .` in a "
+               "checkout of posenc-native (it needs " + TORCH_REQUIREMENT + ", a C++20 compiler, and nvcc for "
+               "the CUDA kernels).")
 _loaded_path: str | None = None
+_loaded_cuda_path: str | None = None
+
+
+def _torch_minor(version: str) -> tuple[int, int] | None:
+    m = re.match(r"(\d+)\.(\d+)", version)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def check_torch_version(version: str | None = None) -> None:
+    """Raise ImportError unless ``version`` (default: the running torch) is in the supported range."""
+    version = version or torch.__version__
+    minor = _torch_minor(version)
+    if minor is None or minor < TORCH_MIN:
+        raise ImportError(
+            f"posenc_native supports {TORCH_REQUIREMENT}, but torch {version} is running. Upgrade torch "
+            f"(pip install '{TORCH_REQUIREMENT}'). {_BUILD_HINT}"
+        )
 
 
 def library_path() -> str:
@@ -28,39 +61,66 @@ def library_path() -> str:
     )
 
 
+def cuda_library_path(main: str | None = None) -> str | None:
+    """Path of the CUDA kernel library: $POSENC_CUDA_LIBRARY, else ``libposenc_ops_cuda.so`` in the
+    folder of the main library ``main`` (default :func:`library_path`); None when there is none (a
+    build without CUDA kernels)."""
+    override = os.environ.get("POSENC_CUDA_LIBRARY")
+    if override:
+        return override
+    candidate = Path(main or library_path()).parent / _CUDA_LIB_NAME
+    return str(candidate) if candidate.exists() else None
+
+
+def _load(path: str, what: str) -> None:
+    if not os.path.exists(path):
+        raise ImportError(f"posenc_native: the {what} {path} does not exist. {_BUILD_HINT}")
+    try:
+        torch.ops.load_library(path)
+    except OSError as e:
+        built = built_for_torch(path)
+        reason = e.__cause__ or e  # torch's "Could not load this library" wraps the loader's reason
+        raise ImportError(
+            f"posenc_native: the {what} {path} could not be loaded into torch {torch.__version__}"
+            + (f" (CUDA {torch.version.cuda})" if torch.version.cuda else "") + f" ({reason}). "
+            + (f"It was built for torch {built}; " if built else "")
+            + f"This release supports {TORCH_REQUIREMENT}. {_BUILD_HINT}"
+        ) from e
+
+
 def load_library(path: str | None = None) -> str:
     """Load the op library once (registers torch.ops.posenc.*); returns its path.
+
+    With a CUDA build of torch, the CUDA kernel library (:func:`cuda_library_path`) is loaded too.
 
     Args:
         path: the library to load; default :func:`library_path`. Asking for a different file once
             one is loaded raises ImportError (torch cannot register the ops twice: it would abort
-            the process), as does a library that does not load into the running torch.
+            the process), as do a torch outside the supported range and a library that does not load.
     """
-    global _loaded_path
+    global _loaded_path, _loaded_cuda_path
     wanted = path or (_loaded_path if _loaded_path is not None else library_path())
     if _loaded_path is not None:
         _refuse_second(_loaded_path, wanted)
         return _loaded_path
+    check_torch_version()
     registered = _registered_from()
-    if registered is not None:  # loaded by another copy of this module, or torch.ops.load_library
+    if registered is None:
+        _load(wanted, "op library")
+        registered = wanted
+    else:  # loaded by another copy of this module, torch.ops.load_library or a linked program
         _refuse_second(registered, wanted)
-        _loaded_path = registered
-        return _loaded_path
-    if not os.path.exists(wanted):
-        raise ImportError(f"posenc_native: the op library {wanted} does not exist")
-    try:
-        torch.ops.load_library(wanted)
-    except OSError as e:
-        built = built_for_torch(wanted)
-        raise ImportError(
-            f"posenc_native: the op library {wanted} could not be loaded into torch {torch.__version__}: {e}. "
-            + (f"It was built for torch {built}; " if built else "")
-            + "C++ extensions only load into the torch they were built for. Install the matching torch, or "
-            "rebuild with `pip install --no-build-isolation --force-reinstall .`."
-        ) from e
-    _loaded_path = wanted
-    _check_torch_version()
+    if torch.version.cuda and not _has_cuda_kernels():
+        cuda = cuda_library_path(registered if os.path.exists(registered) else wanted)
+        if cuda is not None:
+            _load(cuda, "CUDA kernel library")
+            _loaded_cuda_path = cuda
+    _loaded_path = registered
     return _loaded_path
+
+
+def _has_cuda_kernels() -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key("posenc::rope", "CUDA")
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -86,7 +146,8 @@ def _registered_from() -> str | None:
     except RuntimeError:
         return None
     for lib in getattr(torch.ops, "loaded_libraries", ()):
-        if os.path.basename(lib) == _LIB_NAME or built_for_torch(lib) is not None:
+        if os.path.basename(lib) == _LIB_NAME or (os.path.basename(lib) != _CUDA_LIB_NAME
+                                                  and built_for_torch(lib) is not None):
             return lib
     return "<a library not loaded through torch.ops.load_library>"
 
@@ -95,7 +156,7 @@ _MARKER = b"posenc-built-for-torch="
 
 
 def built_for_torch(path: str) -> str | None:
-    """The torch version a library file was built for (read from the file, without loading it)."""
+    """The torch version a library file was built with (read from the file, without loading it)."""
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -108,23 +169,14 @@ def built_for_torch(path: str) -> str | None:
     return data[at + len(_MARKER):end if end > 0 else None].decode("ascii", "replace") or None
 
 
-def _check_torch_version() -> None:
-    built = build_info()["torch"]
-    running = torch.__version__.split("+")[0]
-    if built.split(".")[:2] != running.split(".")[:2]:
-        raise ImportError(
-            f"posenc_native was built against torch {built} but torch {running} is running; "
-            "C++ extensions only load into the torch minor version they were built for. Rebuild with "
-            "`pip install --no-build-isolation --force-reinstall .`."
-        )
-
-
 def build_info() -> dict[str, Any]:
     """How the op library was built.
 
-    Keys: ``version``, ``torch`` (the torch it was built against), ``cuda`` (bool: CUDA kernels
-    compiled in), ``cuda_version``, ``cuda_archs`` (list), ``cxx_compiler``, ``cuda_compiler``,
-    ``cxx11_abi`` (bool), ``cpu_isa`` (the CPU path this process takes), ``library`` (path).
+    Keys: ``version``, ``torch`` (the torch it was built with), ``cuda`` (bool: CUDA kernels
+    compiled, in the CUDA kernel library), ``cuda_version``, ``cuda_archs`` (list), ``cxx_compiler``,
+    ``cuda_compiler``, ``cxx11_abi`` (bool), ``cpu_isa`` (the CPU path this process takes),
+    ``library`` (path), ``cuda_library`` (path of the loaded CUDA kernel library, or None: a CPU-only
+    torch, or a build without CUDA kernels), ``torch_supported`` (the torch range, as a requirement).
     """
     if _loaded_path is None:
         load_library()
@@ -132,4 +184,6 @@ def build_info() -> dict[str, Any]:
     info["cuda_archs"] = [a for a in info["cuda_archs"].split(",") if a]
     info["cxx11_abi"] = bool(info["cxx11_abi"])
     info["library"] = _loaded_path
+    info["cuda_library"] = _loaded_cuda_path
+    info["torch_supported"] = TORCH_REQUIREMENT
     return info

@@ -24,7 +24,7 @@ def _main_job() -> int:
     info = build_info()
     print("posenc-native build:")
     for key in ("version", "torch", "cuda", "cuda_version", "cuda_archs", "cxx_compiler", "cuda_compiler",
-                "cxx11_abi", "library"):
+                "cxx11_abi", "library", "cuda_library", "torch_supported"):
         print(f"  {key:14s} {info[key]}")
     import torch
 

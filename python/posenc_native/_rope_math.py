@@ -47,7 +47,7 @@ def mrope_pair_axes(section: Sequence[int], interleaved: bool = False) -> tuple[
     ``i < A * section[i % A]``, and every other pair on axis 0; for ``(24, 20, 20)`` pairs
     0, 3, ..., 57 and 60-63 read time, 1, 4, ..., 58 height, 2, 5, ..., 59 width (transformers'
     ``Qwen3VLTextRotaryEmbedding.recomposition_frequencies``). Axis a then has ``section[a]`` pairs
-    whenever the sections allow it; :class:`~posenc_native.config.RopeConfig` checks that they do.
+    when the sections allow it (Qwen3-VL's do); other sections follow the same rule, as in transformers.
     """
     n = sum(section)
     if not interleaved:

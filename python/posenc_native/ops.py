@@ -227,10 +227,7 @@ def _axis_layout_inv_freq(inv_freq: torch.Tensor, mrope_section, mrope_interleav
     if not section or min(section) < 0 or sum(section) != pairs:
         raise ValueError(f"mrope_section {section} must be ints >= 0 summing to the pair count: inv_freq has "
                          f"{pairs} frequencies (rotary_dim {2 * pairs}), the sections sum to {sum(section)}")
-    axes = mrope_pair_axes(section, interleaved)
-    if interleaved and tuple(axes.count(a) for a in range(len(section))) != section:
-        raise ValueError(f"mrope_section {section} cannot be interleaved over {pairs} pairs")
-    return axis_inv_freq(inv_freq, axes, len(section))
+    return axis_inv_freq(inv_freq, mrope_pair_axes(section, interleaved), len(section))
 
 
 def _resolve_rope_args(q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset,

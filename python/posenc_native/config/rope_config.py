@@ -169,13 +169,8 @@ class RopeConfig:
         if sum(section) != pairs:
             raise ValueError(f"'mrope_section' {section} sums to {sum(section)} pairs, but the rotation has "
                              f"rotary_dim // 2 = {pairs} pairs")
-        axes = mrope_pair_axes(section, interleaved)
-        counts = tuple(axes.count(a) for a in range(len(section)))
-        if counts != section:
-            raise ValueError(f"'mrope_section' {section} cannot be interleaved over {pairs} pairs: round-robin "
-                             f"gives the axes {counts} pairs")
         set_(self, "mrope_section", section)
-        set_(self, "_pair_axes", axes)
+        set_(self, "_pair_axes", mrope_pair_axes(section, interleaved))
 
     @classmethod
     def axial(cls, axes_dim: Sequence[int] = (16, 56, 56), theta: float = 10000.0, interleaved: bool = True,

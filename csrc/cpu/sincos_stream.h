@@ -20,8 +20,9 @@ namespace posenc::cpu {
 // Multi-axis positions (n_axes rows of frequencies, freq[a * n + i]; core/rope.h, axis_angles): a
 // row's position is one value per axis, given by position_of(r, a), and its angles are the sum over
 // axes. The rule above holds axis by axis: a row whose every axis position is row r-1's or one past
-// it is advanced by one rotation per axis that moved (MRoPE text tokens move on all axes, image
-// patches along a row on one); any other row is direct.
+// it is advanced by one rotation per axis that moved (image patches along a row move on one axis),
+// or, when every axis moved (MRoPE text tokens), by one rotation by the sum of the axes' steps; any
+// other row is direct.
 template <typename M>
 class SinCosStream {
  public:
@@ -29,13 +30,8 @@ class SinCosStream {
 
   SinCosStream(const double* freq, int64_t n, M amplitude, int64_t n_axes = 1)
       : freq_(freq), n_(n), n_axes_(n_axes), amplitude_(amplitude), sin_(n), cos_(n), sin_state_(n), cos_state_(n),
-        step_sin_(n * n_axes), step_cos_(n * n_axes), angle_(n_axes > 1 ? n : 0), previous_(n_axes), current_(n_axes),
-        replay_(n_axes), before_(n_axes) {
-    for (int64_t i = 0; i < n * n_axes; ++i) {
-      step_sin_[i] = std::sin(freq[i]);
-      step_cos_[i] = std::cos(freq[i]);
-    }
-  }
+        step_sin_(n * (n_axes + 1)), step_cos_(n * (n_axes + 1)), angle_(n_axes > 1 ? n : 0), previous_(n_axes),
+        current_(n_axes), replay_(n_axes), before_(n_axes), step_ready_(n_axes + 1, 0) {}
 
   // Fills sin() and cos() for row `row`: position_of(row) gives a row's position as a double, or,
   // with several axes, position_of(row, axis). A consumer that can read float64 rows passes
@@ -89,14 +85,16 @@ class SinCosStream {
   // One row after the previous one (row - 1, at previous_), by the rule above.
   void step(int64_t row, const std::vector<double>& position, bool math_rows) {
     if (row == next_row_ && row % kDirectEvery != 0 && follows(position, previous_)) {
-      int64_t last = -1;  // the last axis that moved: its rotation writes the math rows
+      int64_t last = -1, moved = 0;  // the last axis that moved: its rotation writes the math rows
       for (int64_t a = 0; a < n_axes_; ++a) {
-        if (position[a] != previous_[a]) last = a;
+        if (position[a] != previous_[a]) last = a, ++moved;
       }
-      for (int64_t a = 0; a < last; ++a) {
-        if (position[a] != previous_[a]) advance(a, false);
-      }
-      if (last >= 0) {
+      if (n_axes_ > 1 && moved == n_axes_) {
+        advance(n_axes_, math_rows);  // every axis: one rotation by the summed steps
+      } else if (last >= 0) {
+        for (int64_t a = 0; a < last; ++a) {
+          if (position[a] != previous_[a]) advance(a, false);
+        }
         advance(last, math_rows);
       } else if (math_rows) {  // the same angles again: what advance writes, the state in M times the amplitude
         for (int64_t i = 0; i < n_; ++i) {
@@ -128,10 +126,25 @@ class SinCosStream {
     }
   }
 
-  // Rotates the state by axis a's step (one position along it).
+  // Rotates the state by axis a's step (one position along it; a = n_axes: along every axis, the
+  // step of the summed frequencies, exact for an axis layout whose other terms are zeros). The
+  // steps' sin/cos are formed the first time they are needed: a decode step never needs them.
   void advance(int64_t a, bool math_rows) {
-    const double* ss = step_sin_.data() + a * n_;
-    const double* sc = step_cos_.data() + a * n_;
+    double* ss = step_sin_.data() + a * n_;
+    double* sc = step_cos_.data() + a * n_;
+    if (!step_ready_[a]) {
+      for (int64_t i = 0; i < n_; ++i) {
+        double f = 0;
+        if (a < n_axes_) {
+          f = freq_[a * n_ + i];
+        } else {
+          for (int64_t b = 0; b < n_axes_; ++b) f += freq_[b * n_ + i];
+        }
+        ss[i] = f == 0.0 ? 0.0 : std::sin(f);  // an axis layout's zeros: sin 0 = 0, cos 0 = 1 exactly, for free
+        sc[i] = f == 0.0 ? 1.0 : std::cos(f);
+      }
+      step_ready_[a] = 1;
+    }
     if (math_rows) {
       advance_sincos_row<true>(sin_state_.data(), cos_state_.data(), ss, sc, n_, amplitude_, sin_.data(), cos_.data());
     } else {
@@ -145,6 +158,7 @@ class SinCosStream {
   std::vector<M> sin_, cos_;
   std::vector<double> sin_state_, cos_state_, step_sin_, step_cos_, angle_;
   std::vector<double> previous_, current_, replay_, before_;  // one position per axis
+  std::vector<char> step_ready_;
   int64_t next_row_ = -1;
   bool from_state_ = false;
 };

@@ -526,3 +526,19 @@ def test_pair_axes_maps():
     qwen3 = RopeConfig(head_dim=128, mrope_section=(24, 20, 20), mrope_interleaved=True)
     assert qwen3.pair_axes[:7] == (0, 1, 2, 0, 1, 2, 0) and qwen3.pair_axes[57:] == (0, 1, 2, 0, 0, 0, 0)
     assert [qwen3.pair_axes.count(a) for a in range(3)] == [24, 20, 20]
+
+
+def test_config_copies_and_cache():
+    import copy
+    import pickle
+
+    cfg = RopeConfig(head_dim=128, base=5e6, mrope_section=[24, 20, 20], mrope_interleaved=True)
+    op = cfg.op_inv_freq_on("cpu")
+    assert cfg.op_inv_freq_on("cpu") is op  # cached, shared
+    assert op.shape == (3, 64) and torch.equal(op.sum(0), cfg.inv_freq_on("cpu"))
+    assert all(op[a, i] != 0 for i, a in enumerate(cfg.pair_axes)) and int((op != 0).sum()) == 64
+    for other in (copy.deepcopy(cfg), pickle.loads(pickle.dumps(cfg))):
+        assert other == cfg and hash(other) == hash(cfg) and other.pair_axes == cfg.pair_axes
+        assert torch.equal(other.op_inv_freq_on("cpu"), op)
+    plain = RopeConfig(head_dim=128)
+    assert plain.op_inv_freq_on("cpu") is plain.inv_freq_on("cpu")  # no axis layout: the plain frequencies

@@ -262,7 +262,8 @@ def _positions(kind, layout, B, S, gen):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", PATH_CASES, ids=[f"{c[0]}-{c[1]}-{c[6]}-{'il' if c[5] else 'half'}" for c in PATH_CASES])
+@pytest.mark.parametrize("case", PATH_CASES,
+                         ids=[f"{c[0]}-{c[1]}-{c[6]}-{'il' if c[5] else 'half'}" for c in PATH_CASES])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 def test_paths_match_reference(device, case, dtype):
     layout, D, prf, section, mrope_il, interleaved, kind = case
@@ -315,7 +316,8 @@ def test_module_and_reference_tables():
     module = pn.RotaryEmbedding(cfg, layout="bhsd")
     q, k = _layout_qk("bhsd", 2, 9, 3, 1, 64, torch.float32, "cpu", gen)
     pos = random_axis_positions(2, 9, gen, high=9000)
-    for got, want in zip(module(q, k, pos), reference.apply_rope(q.double(), k.double(), pos, config=cfg, layout="bhsd")):
+    want = reference.apply_rope(q.double(), k.double(), pos, config=cfg, layout="bhsd")
+    for got, want in zip(module(q, k, pos), want):
         assert rel_err(got, want) <= 1e-6
 
 
@@ -352,7 +354,8 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
         q = torch.randn(2, 40, 4, D, generator=g).to(dtype)
         k = torch.randn(2, 40, 2, D, generator=g).to(dtype)
         pos = torch.randint(0, 1 << 20, (3, 2, 40), generator=g)
-        pos[:, :, 10:30] = torch.stack([torch.zeros(20, dtype=torch.long), torch.arange(20) // 5, torch.arange(20) % 5])[:, None] + 50
+        grid = torch.stack([torch.zeros(20, dtype=torch.long), torch.arange(20) // 5, torch.arange(20) % 5])
+        pos[:, :, 10:30] = grid[:, None] + 50  # an image: rows of 5 patches
         out += list(pn.apply_rope(q, k, pos, config=cfg))
         q2, k2 = q.clone(), k.clone()
         pn.apply_rope_(q2, k2, pos, config=cfg)

@@ -108,8 +108,8 @@ POSENC_HD void axis_angles(const double* __restrict__ inv_freq, int64_t pairs, i
 
 // Angles of pairs [i0, i0 + n) for token (b, s) of a problem with frequencies.
 POSENC_HD void pair_angles(const RopeProblem& p, int64_t b, int64_t s, int64_t i0, int64_t n, double* angle) {
-  axis_angles(p.inv_freq, p.pairs(), p.n_axes, i0, n, [&](int64_t a) { return static_cast<double>(p.position(b, s, a)); },
-              angle);
+  const auto position_of = [&](int64_t a) { return static_cast<double>(p.position(b, s, a)); };
+  axis_angles(p.inv_freq, p.pairs(), p.n_axes, i0, n, position_of, angle);
 }
 
 template <typename M>

@@ -281,7 +281,8 @@ int main() {
         cases.push_back({tag + " no k", 2, 4, 3, 0, 96, 96, interleaved, false, in_place, table, false, false, false});
         if (!table) {
           cases.push_back({tag + " mrope", 2, 5, 4, 2, 128, 128, interleaved, false, in_place, false, false, false, false, 3});
-          cases.push_back({tag + " mrope partial", 1, 3, 2, 1, 64, 48, interleaved, true, in_place, false, false, false, true, 3});
+          cases.push_back(
+              {tag + " mrope partial", 1, 3, 2, 1, 64, 48, interleaved, true, in_place, false, false, false, true, 3});
         }
       }
     }

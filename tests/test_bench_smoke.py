@@ -70,3 +70,17 @@ def test_bench_quick_decode():
     for what in ("decode B=1 ", "decode B=64 ", "apply_rope_(inv_freq=)", "apply_rope_(config=llama3)",
                  "RotaryEmbedding(cfg)", "q.mul_(c); k.mul_(c)"):
         assert what in names, f"{what!r} missing from the table:\n{proc.stdout}"
+
+
+MROPE_BENCH = BENCH.parent / "bench_mrope.py"
+
+
+@pytest.mark.skipif(not MROPE_BENCH.exists(), reason="benchmarks/ not in this tree")
+def test_bench_mrope_quick():
+    proc = subprocess.run([sys.executable, str(MROPE_BENCH), "--quick", "--no-compile"], capture_output=True,
+                          text=True, timeout=600, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    names = " ".join(table_rows(proc.stdout))
+    for what in ("mrope_ in place", "transformers Qwen2-VL eager", "our plain RoPE in place", "mrope out of place"):
+        assert what in names, f"{what!r} missing from the table:\n{proc.stdout}"
+    assert "ratio range over rounds" in proc.stdout and "goals met" in proc.stdout

@@ -32,19 +32,22 @@ struct ValueRange {
 
 template <typename T>
 void scan_cpu(const Tensor& t, ValueRange& r) {
-  // 1-D or 2-D, any strides: a plain loop costs far less than reductions for the short index
-  // tensors of a decode step.
+  // 1-D to 3-D (axis positions), any strides: a plain loop costs far less than reductions for the
+  // short index tensors of a decode step.
   const T* data = static_cast<const T*>(t.data_ptr());
-  const int64_t rows = t.dim() == 2 ? t.size(0) : 1, cols = t.dim() == 0 ? 1 : t.size(-1);
-  const int64_t rs = t.dim() == 2 ? t.stride(0) : 0, cs = t.dim() == 0 ? 0 : t.stride(-1);
+  const int64_t d = t.dim();
+  const int64_t planes = d == 3 ? t.size(0) : 1, rows = d >= 2 ? t.size(d - 2) : 1, cols = d == 0 ? 1 : t.size(-1);
+  const int64_t ps = d == 3 ? t.stride(0) : 0, rs = d >= 2 ? t.stride(d - 2) : 0, cs = d == 0 ? 0 : t.stride(-1);
   T lo = data[0], hi = data[0];
   bool nan = false;
-  for (int64_t i = 0; i < rows; ++i) {
-    for (int64_t j = 0; j < cols; ++j) {
-      const T v = data[i * rs + j * cs];
-      nan |= v != v;
-      lo = v < lo ? v : lo;
-      hi = v > hi ? v : hi;
+  for (int64_t a = 0; a < planes; ++a) {
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < cols; ++j) {
+        const T v = data[a * ps + i * rs + j * cs];
+        nan |= v != v;
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+      }
     }
   }
   if constexpr (std::is_integral_v<T>) {
@@ -63,7 +66,7 @@ ValueRange value_range(const Tensor& t_in) {
   Tensor t = t_in;
   const bool scannable = dt == ScalarType::Int || dt == ScalarType::Long || dt == ScalarType::Float ||
                          dt == ScalarType::Double;
-  if (!t.is_cpu() || t.dim() > 2 || !scannable) {
+  if (!t.is_cpu() || t.dim() > 3 || !scannable) {
     // Another device, dtype or rank: one copy to a CPU int64/float64 vector, scanned below.
     t = torch::stable::reshape(to_cpu(t, r.integral ? ScalarType::Long : ScalarType::Double), {-1});
   }
@@ -296,8 +299,12 @@ struct PositionInfo {
   int64_t lo = 0, hi = 0;    // of position + offset over all tokens
 };
 
+// axes: the rows of an axis layout (inv_freq [axes, rotary_dim / 2]; 0 without one). Positions may
+// then carry a leading axis dim of that size ([axes, batch, seq], [axes, tokens]); without it every
+// axis gets the same id (text tokens).
 void check_positions(const char* op, RopeProblem& p, PositionInfo& info, const Tensor& q, const OptTensor& positions,
-                     const OptTensor& cu_seqlens, std::string_view layout, int64_t offset, const Backend& backend) {
+                     const OptTensor& cu_seqlens, std::string_view layout, int64_t offset, const Backend& backend,
+                     int64_t axes = 0) {
   p.offset = offset;
   const auto note_range = [&](int64_t lo, int64_t hi, const char* what) {
     checked_position_bound(op, lo, hi, offset, what);  // offset is added without wrapping
@@ -310,15 +317,28 @@ void check_positions(const char* op, RopeProblem& p, PositionInfo& info, const T
     check_same_device(op, q, "q", pos, "positions");
     const ScalarType dt = pos.scalar_type();
     POSENC_CHECK(dt == ScalarType::Int || dt == ScalarType::Long, op, ": positions must be int32 or int64, got ", dt);
-    const int64_t dims = pos.dim();
-    if (layout == "thd") {
-      POSENC_CHECK(dims == 1 && pos.size(0) == p.seq, op, ": positions must be [tokens] = [", p.seq,
-                   "] for layout 'thd', got shape ", sizes_of(pos));
+    const bool thd = layout == "thd";
+    const bool axis_dim = pos.dim() == (thd ? 2 : 3);  // a leading axis dim
+    if (axis_dim) {
+      POSENC_CHECK(axes > 0, op, ": positions ", sizes_of(pos), " have an axis dim, but the rotation has no axis ",
+                   "layout (inv_freq is 1-D); axis positions need inv_freq [axes, rotary_dim / 2] (an MRoPE or axial ",
+                   "config)");
+      POSENC_CHECK(pos.size(0) == axes, op, ": positions must have one row per axis of the layout (", axes,
+                   " axes: inv_freq has ", axes, " rows), got ", pos.size(0), " rows in shape ", sizes_of(pos));
+    }
+    const int64_t dims = pos.dim() - (axis_dim ? 1 : 0);  // dims past the axis dim
+    std::string axis_text = "[";  // appended, not built with +: GCC 12 warns (-Wrestrict) on the latter
+    if (axes > 0) axis_text.append(std::to_string(axes)).append(", ");
+    if (thd) {
+      POSENC_CHECK(dims == 1 && pos.size(-1) == p.seq, op, ": positions must be [tokens] = [", p.seq, "]",
+                   axes > 0 ? " or " + axis_text + "tokens]" : std::string(), " for layout 'thd', got shape ",
+                   sizes_of(pos));
     } else {
-      const bool ok = (dims == 1 && pos.size(0) == p.seq) ||
-                      (dims == 2 && (pos.size(0) == p.batch || pos.size(0) == 1) && pos.size(1) == p.seq);
-      POSENC_CHECK(ok, op, ": positions must be [seq] = [", p.seq, "] or [batch, seq] = [", p.batch, ", ", p.seq,
-                   "], got shape ", sizes_of(pos));
+      const bool ok = (dims == 1 && !axis_dim && pos.size(-1) == p.seq) ||
+                      (dims == 2 && (pos.size(-2) == p.batch || pos.size(-2) == 1) && pos.size(-1) == p.seq);
+      POSENC_CHECK(ok, op, ": positions must be [seq] = [", p.seq, "] or [batch, seq] = [", p.batch, ", ", p.seq, "]",
+                   axes > 0 ? " or " + axis_text + "batch or 1, seq]" : std::string(), ", got shape ",
+                   sizes_of(pos));
     }
     // Any strides (the kernels index with them); values read when allowed (one device-to-host copy on CUDA).
     if (pos.numel() > 0 && may_read(pos, backend)) {
@@ -329,7 +349,12 @@ void check_positions(const char* op, RopeProblem& p, PositionInfo& info, const T
     p.positions = pos.data_ptr();
     p.positions_kind = index_kind(pos);
     p.pos_stride_s = pos.stride(-1);
-    p.pos_stride_b = (dims == 2 && pos.size(0) == p.batch) ? pos.stride(0) : 0;
+    p.pos_stride_b = (pos.dim() >= 2 && !(thd && axis_dim) && pos.size(-2) == p.batch) ? pos.stride(-2) : 0;
+    p.pos_stride_a = axis_dim ? pos.stride(0) : 0;
+  } else {
+    POSENC_CHECK(axes <= 1 || layout != "thd", op, ": positions are required for layout 'thd' with an axis layout",
+                 " (inv_freq has ", axes, " rows): pass [", axes, ", tokens] positions, or [tokens] for text tokens",
+                 " (cu_seqlens alone gives no per-axis positions)");
   }
   if (cu_seqlens.has_value()) {
     const Tensor& cu = *cu_seqlens;
@@ -375,18 +400,27 @@ void check_positions(const char* op, RopeProblem& p, PositionInfo& info, const T
 void check_angle_domain(const char* op, const Tensor& inv64, const PositionInfo& info, const Backend& backend) {
   const double bound = info.known ? std::max(std::abs(static_cast<double>(info.lo)), std::abs(static_cast<double>(info.hi)))
                                   : 0.0;
+  // w: the largest sum over axes of |inv_freq[a][i]| (one axis: the largest |inv_freq[i]|).
+  const auto largest_frequency = [&](const Tensor& dense) {
+    const double* v = static_cast<const double*>(dense.data_ptr());
+    const int64_t pairs = dense.size(-1), axes = dense.numel() / pairs;
+    double largest = 0;
+    for (int64_t i = 0; i < pairs; ++i) {
+      double sum = 0;
+      for (int64_t a = 0; a < axes; ++a) {
+        const double f = v[a * pairs + i];
+        POSENC_CHECK(std::isfinite(f), op, ": inv_freq must be finite, got ", f, " at index ", a * pairs + i);
+        sum += std::abs(f);
+      }
+      largest = std::max(largest, sum);
+    }
+    return largest;
+  };
   double w = 0;
   if (inv64.is_cpu()) {
-    const double* v = static_cast<const double*>(inv64.data_ptr());
-    const int64_t n = inv64.numel();
-    for (int64_t i = 0; i < n; ++i) {
-      POSENC_CHECK(std::isfinite(v[i]), op, ": inv_freq must be finite, got ", v[i], " at index ", i);
-      w = std::max(w, std::abs(v[i]));
-    }
+    w = largest_frequency(inv64);
   } else if (bound > 16777216.0 && backend.may_read_device_values()) {
-    const ValueRange r = value_range(inv64);
-    POSENC_CHECK(std::isfinite(r.fmin) && std::isfinite(r.fmax), op, ": inv_freq must be finite");
-    w = std::max(std::abs(r.fmin), std::abs(r.fmax));
+    w = largest_frequency(as_contiguous(to_cpu(inv64, ScalarType::Double)));
   }
   POSENC_CHECK(bound * w <= kMaxAngle, op, ": position * inv_freq must stay within 2^50 rad (the supported angle ",
                "domain); the largest |position + offset| is ", bound, " and the largest frequency ", w);
@@ -425,14 +459,15 @@ void check_inputs_apart(const char* op, const Tensor& q, const Tensor& k,
 Tensor check_inv_freq(const char* op, const Tensor& q, const Tensor& inv_freq, int64_t head_dim,
                       double attention_factor) {
   check_same_device(op, q, "q", inv_freq, "inv_freq");
-  POSENC_CHECK(inv_freq.dim() == 1 && inv_freq.size(0) >= 1, op,
-               ": inv_freq must be 1-D with rotary_dim / 2 >= 1 entries, got shape ", sizes_of(inv_freq));
+  POSENC_CHECK((inv_freq.dim() == 1 || inv_freq.dim() == 2) && inv_freq.numel() >= 1, op,
+               ": inv_freq must be [rotary_dim / 2] or, for an axis layout, [axes, rotary_dim / 2], with at least one ",
+               "entry, got shape ", sizes_of(inv_freq));
   const ScalarType dt = inv_freq.scalar_type();
   POSENC_CHECK(dt == ScalarType::Float || dt == ScalarType::Double, op, ": inv_freq must be float32 or float64, got ", dt);
-  POSENC_CHECK(2 * inv_freq.size(0) <= head_dim, op, ": inv_freq has ", inv_freq.size(0), " frequencies (rotary_dim ",
-               2 * inv_freq.size(0), ") but head_dim is ", head_dim);
+  POSENC_CHECK(2 * inv_freq.size(-1) <= head_dim, op, ": inv_freq has ", inv_freq.size(-1),
+               " frequencies (rotary_dim ", 2 * inv_freq.size(-1), ") but head_dim is ", head_dim);
   POSENC_CHECK(std::isfinite(attention_factor), op, ": attention_factor must be finite, got ", attention_factor);
-  if (dt == ScalarType::Double && inv_freq.stride(0) == 1) return inv_freq;
+  if (dt == ScalarType::Double && inv_freq.is_contiguous()) return inv_freq;
   return as_contiguous(to_dtype(inv_freq, ScalarType::Double));
 }
 
@@ -468,14 +503,16 @@ void rope_frequency(const char* op, const RopeArgs& a, const Tensor* dst_q, cons
   RopeStart s = start_rope(op, a.q, a.k, dst_q, a.layout);
   RopeProblem& p = s.p;
   PositionInfo info;
-  check_positions(op, p, info, a.q, a.positions, a.cu_seqlens, a.layout, a.offset, backend);
   const OptTensor inv64 = check_inv_freq(op, a.q, a.inv_freq, s.in.q.head_dim, a.attention_factor);
+  check_positions(op, p, info, a.q, a.positions, a.cu_seqlens, a.layout, a.offset, backend,
+                  inv64->dim() == 2 ? inv64->size(0) : 0);
   check_angle_domain(op, *inv64, info, backend);
   if (s.in_place) {
     check_inputs_apart(op, a.q, a.k,
                        {{&info.positions, "positions"}, {&info.cu_seqlens, "cu_seqlens"}, {&inv64, "inv_freq"}});
   }
-  p.rot_dim = 2 * inv64->size(0);
+  p.rot_dim = 2 * inv64->size(-1);
+  p.n_axes = inv64->dim() == 2 ? inv64->size(0) : 1;
   p.interleaved = a.interleaved;
   p.inverse = a.inverse;
   p.inv_freq = static_cast<const double*>(inv64->data_ptr());

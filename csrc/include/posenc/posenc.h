@@ -56,7 +56,9 @@ inline at::Tensor add_sinusoidal(const at::Tensor& x, const at::Tensor& position
   return op.call(x, positions, x_scale, base, interleaved, freq_shift, angle_scale, cos_first);
 }
 
-// Rotates q and k ([B,S,H,D] for "bshd") by position * inv_freq, times attention_factor.
+// Rotates q and k ([B,S,H,D] for "bshd") by position * inv_freq, times attention_factor. Multi-axis
+// RoPE (MRoPE, axial): inv_freq [A, rotary_dim/2] with pair i's frequency in row axis(i) (zeros
+// elsewhere) and positions [A, B, S]; see docs/architecture.md, "Multi-axis positions".
 inline std::tuple<at::Tensor, at::Tensor> apply_rope(const at::Tensor& q, const at::Tensor& k,
                                                      const at::Tensor& positions, const at::Tensor& inv_freq,
                                                      double attention_factor = 1.0, bool interleaved = false,

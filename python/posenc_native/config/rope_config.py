@@ -87,6 +87,8 @@ class RopeConfig:
     partial_rotary_factor: Optional[float] = None
     max_position_embeddings: Optional[int] = None
     scaling: Union[RopeScaling, Mapping[str, Any], None] = field(default=None)
+    mrope_section: Optional[tuple[int, ...]] = None
+    mrope_interleaved: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen dataclass: resolve the derived fields once here

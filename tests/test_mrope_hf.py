@@ -1,0 +1,205 @@
+"""MRoPE (multimodal RoPE) from Hugging Face configs: RopeConfig.from_hf reads the layout of Qwen2-VL,
+Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE configs in every form (4.x ``rope_scaling`` with ``type: mrope``,
+5.x ``rope_parameters``, composite or text config, objects and config.json dicts, sections omitted),
+checked against the pair -> axis assignment of transformers' own rotary modules."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from posenc_native.config import RopeConfig
+
+transformers = pytest.importorskip("transformers")
+
+from transformers import (  # noqa: E402
+    Qwen2_5_VLConfig,
+    Qwen2VLConfig,
+    Qwen2VLTextConfig,
+    Qwen3VLConfig,
+    Qwen3VLMoeConfig,
+    Qwen3VLTextConfig,
+)
+from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLRotaryEmbedding  # noqa: E402
+from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRotaryEmbedding  # noqa: E402
+from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding  # noqa: E402
+from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeTextRotaryEmbedding  # noqa: E402
+
+ROTARY = {
+    "qwen2_vl": Qwen2VLRotaryEmbedding,
+    "qwen2_5_vl": Qwen2_5_VLRotaryEmbedding,
+    "qwen3_vl": Qwen3VLTextRotaryEmbedding,
+    "qwen3_vl_moe": Qwen3VLMoeTextRotaryEmbedding,
+}
+
+
+@torch.no_grad()
+def their_axes(rotary_cls, text_config) -> list[int]:
+    """The axis (0 = T, 1 = H, 2 = W) each pair takes its angle from in transformers' rotary module:
+    run it at positions T=1, H=2, W=3 (angles below pi, so atan2 recovers them) and divide by inv_freq."""
+    rot = rotary_cls(config=text_config)
+    inv = rot.inv_freq.double()
+    pairs = inv.numel()
+    pos = torch.tensor([1, 2, 3]).view(3, 1, 1)
+    cos, sin = rot(torch.zeros(1, 1, 1), pos)
+    angle = torch.atan2(sin[0, 0, :pairs].double(), cos[0, 0, :pairs].double())
+    ids = angle / inv
+    assert torch.allclose(ids, ids.round(), atol=1e-3), "positions not recovered"
+    return (ids.round().long() - 1).tolist()
+
+
+def our_axes(rope: RopeConfig) -> list[int]:
+    """The axis of each pair by the definition of the layout (written here, independently of the
+    library): contiguous sections T | H | W; interleaved (Qwen3-VL): pair j on axis ``a = j % 3``
+    when ``a > 0`` and ``j < 3 * section[a]``, else on axis 0."""
+    section = list(rope.mrope_section)
+    if not rope.mrope_interleaved:
+        return [a for a, n in enumerate(section) for _ in range(n)]
+    return [j % 3 if j % 3 and j < 3 * section[j % 3] else 0 for j in range(sum(section))]
+
+
+def check_against_transformers(rope: RopeConfig, model_type: str, text_config) -> None:
+    assert rope.mrope_section is not None, "no MRoPE layout read"
+    assert sum(rope.mrope_section) == rope.rotary_dim // 2
+    assert our_axes(rope) == their_axes(ROTARY[model_type], text_config)
+    theirs = ROTARY[model_type](config=text_config).inv_freq.double()
+    torch.testing.assert_close(rope.inv_freq(), theirs, rtol=1e-6, atol=0)
+
+
+def _tiny_text(**kw) -> dict:
+    return dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, **kw)
+
+
+# (model type, config class, section the test sets, section transformers uses when omitted (head_dim 128))
+FAMILIES = [
+    ("qwen2_vl", Qwen2VLConfig, [2, 3, 3], (16, 24, 24), False),
+    ("qwen2_5_vl", Qwen2_5_VLConfig, [4, 2, 2], (16, 24, 24), False),
+    ("qwen3_vl", Qwen3VLConfig, [2, 3, 3], (24, 20, 20), True),
+    ("qwen3_vl_moe", Qwen3VLMoeConfig, [3, 3, 2], (24, 20, 20), True),
+]
+
+
+@pytest.mark.parametrize("model_type,cls,section,_default,interleaved", FAMILIES)
+@pytest.mark.parametrize("form", ["rope_scaling mrope", "rope_scaling default", "rope_parameters"])
+def test_sections_every_form(model_type, cls, section, _default, interleaved, form):
+    """The section the config sets, in the 4.x and 5.x forms, as a config object (composite and text),
+    its to_dict(), and a config.json written from it."""
+    if form == "rope_scaling mrope":
+        if interleaved:
+            pytest.skip("Qwen3-VL configs never say type 'mrope' (transformers' Qwen3-VL rotary rejects it)")
+        rope = {"rope_scaling": {"type": "mrope", "mrope_section": section}, "rope_theta": 5e5}
+    elif form == "rope_scaling default":
+        rope = {"rope_scaling": {"rope_type": "default", "mrope_section": section,
+                                 "mrope_interleaved": interleaved}, "rope_theta": 5e5}
+    else:
+        rope = {"rope_parameters": {"rope_type": "default", "mrope_section": section, "rope_theta": 5e5}}
+    cfg = cls(text_config=_tiny_text(head_dim=16, **rope))
+    text = cfg.get_text_config()
+    for source in (cfg, text, cfg.to_dict(), text.to_dict()):
+        r = RopeConfig.from_hf(source)
+        assert r.base == 5e5 and r.head_dim == 16 and r.mrope_interleaved == interleaved
+        check_against_transformers(r, model_type, text)
+    if not interleaved:  # contiguous sections are used as given
+        assert RopeConfig.from_hf(cfg).mrope_section == tuple(section)
+
+
+@pytest.mark.parametrize("model_type,cls,_section,default,interleaved", FAMILIES)
+def test_default_section_when_omitted(model_type, cls, _section, default, interleaved):
+    """No mrope_section in the config: the model type's default, as transformers' rotary module."""
+    cfg = cls(text_config=_tiny_text(head_dim=128))
+    assert "mrope_section" not in cfg.get_text_config().rope_parameters
+    for source in (cfg, cfg.get_text_config(), cfg.to_dict()):
+        r = RopeConfig.from_hf(source)
+        assert tuple(r.mrope_section) == default and r.mrope_interleaved == interleaved
+        check_against_transformers(r, model_type, cfg.get_text_config())
+
+
+def test_qwen2_vl_flat_4x_config_json(tmp_path):
+    """A 4.x Qwen2-VL config.json: everything at the top level, rope_scaling {type: mrope}."""
+    data = {"model_type": "qwen2_vl", "hidden_size": 3584, "num_attention_heads": 28, "num_key_value_heads": 4,
+            "max_position_embeddings": 32768, "rope_theta": 1000000.0,
+            "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+            "vision_config": {"depth": 32, "embed_dim": 1280, "num_heads": 16}}
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    r = RopeConfig.from_hf(str(tmp_path))
+    assert (r.head_dim, r.rotary_dim, r.base) == (128, 128, 1e6)
+    assert tuple(r.mrope_section) == (16, 24, 24) and not r.mrope_interleaved and r.rope_type == "default"
+    text = Qwen2VLConfig(**{k: v for k, v in data.items() if k != "model_type"}).get_text_config()
+    check_against_transformers(r, "qwen2_vl", text)
+
+
+def test_qwen3_vl_hub_style_dict():
+    """Qwen3-VL's config.json: a text_config with rope_scaling {mrope_interleaved, mrope_section}."""
+    data = {"model_type": "qwen3_vl", "text_config": {
+        "model_type": "qwen3_vl_text", "hidden_size": 2560, "num_attention_heads": 32, "head_dim": 128,
+        "num_key_value_heads": 8, "max_position_embeddings": 262144, "rope_theta": 5000000,
+        "rope_scaling": {"mrope_interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default"}},
+        "vision_config": {"depth": 24, "hidden_size": 1024}}
+    r = RopeConfig.from_hf(data)
+    assert tuple(r.mrope_section) == (24, 20, 20) and r.mrope_interleaved and r.base == 5e6
+    check_against_transformers(r, "qwen3_vl", Qwen3VLConfig(text_config=data["text_config"]).get_text_config())
+    # without the composite's model_type in the text config, the parent's decides the defaults
+    inner = {k: v for k, v in data["text_config"].items() if k not in ("model_type", "rope_scaling")}
+    r = RopeConfig.from_hf({"model_type": "qwen3_vl", "text_config": inner})
+    assert tuple(r.mrope_section) == (24, 20, 20) and r.mrope_interleaved
+
+
+def test_qwen3_vl_interleaved_whatever_the_flag():
+    """Qwen3-VL's rotary module interleaves even when the config says mrope_interleaved: false."""
+    text = Qwen3VLTextConfig(**_tiny_text(head_dim=16, rope_parameters={
+        "rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": False, "rope_theta": 1e4}))
+    r = RopeConfig.from_hf(text)
+    assert r.mrope_interleaved
+    check_against_transformers(r, "qwen3_vl", text)
+
+
+@pytest.mark.parametrize("section", [[24, 20, 20], [2, 2, 2], [0, 5, 1], [8, 0, 0]])
+def test_qwen3_vl_section_not_summing_to_the_pairs(section):
+    """transformers' interleaved rule reads H and W sections only, and cuts them at the pair count:
+    from_hf gives the section of the assignment it makes (which sums to the pairs)."""
+    text = Qwen3VLTextConfig(**_tiny_text(head_dim=16, rope_parameters={
+        "rope_type": "default", "mrope_section": section, "rope_theta": 1e4}))
+    r = RopeConfig.from_hf(text)
+    assert sum(r.mrope_section) == 8
+    check_against_transformers(r, "qwen3_vl", text)
+
+
+def test_qwen2_vl_text_config_object():
+    text = Qwen2VLTextConfig(**_tiny_text(rope_parameters={"rope_type": "default", "mrope_section": [4, 2, 2],
+                                                           "rope_theta": 1e4}))
+    r = RopeConfig.from_hf(text)
+    assert tuple(r.mrope_section) == (4, 2, 2) and not r.mrope_interleaved
+    check_against_transformers(r, "qwen2_vl", text)
+
+
+def test_other_model_types_read_the_config_flags():
+    """A model type without known defaults: the layout comes from mrope_section / mrope_interleaved."""
+    base = {"model_type": "some_vlm", "hidden_size": 64, "num_attention_heads": 4}
+    r = RopeConfig.from_hf({**base, "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3]}})
+    assert tuple(r.mrope_section) == (2, 3, 3) and not r.mrope_interleaved
+    r = RopeConfig.from_hf({**base, "rope_parameters": {"rope_type": "default", "mrope_section": [4, 2, 2],
+                                                        "mrope_interleaved": True}})
+    assert tuple(r.mrope_section) == (4, 2, 2) and r.mrope_interleaved
+    # transformers' interleaved rule on 8 pairs gives H pairs 1, 4, 7 and W pairs 2, 5: sections (3, 3, 2)
+    r = RopeConfig.from_hf({**base, "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3],
+                                                        "mrope_interleaved": True}})
+    assert tuple(r.mrope_section) == (3, 3, 2) and r.mrope_interleaved
+    r = RopeConfig.from_hf({**base, "rope_theta": 1e4})
+    assert r.mrope_section is None and not r.mrope_interleaved
+
+
+def test_bad_mrope_configs():
+    base = {"model_type": "some_vlm", "hidden_size": 64, "num_attention_heads": 4}
+    with pytest.raises(ValueError, match="mrope_section"):
+        RopeConfig.from_hf({**base, "rope_scaling": {"type": "mrope"}})
+    with pytest.raises(ValueError, match="mrope_section"):
+        RopeConfig.from_hf({**base, "rope_scaling": {"type": "mrope", "mrope_section": "16,24,24"}})
+    with pytest.raises(ValueError, match="mrope_section"):
+        RopeConfig.from_hf({**base, "rope_scaling": {"type": "mrope", "mrope_section": [2.5, 3, 3]}})
+    with pytest.raises(ValueError, match="mrope_interleaved"):
+        RopeConfig.from_hf({**base, "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3],
+                                                     "mrope_interleaved": "yes"}})
+    # contiguous sections must cover the pairs exactly (transformers' split fails otherwise)
+    with pytest.raises(ValueError, match="mrope_section"):
+        RopeConfig.from_hf({**base, "model_type": "qwen2_vl", "rope_scaling": {"type": "mrope"}})

@@ -165,6 +165,18 @@ def test_qwen3_vl_section_not_summing_to_the_pairs(section):
     check_against_transformers(r, "qwen3_vl", text)
 
 
+def test_qwen3_5_defaults():
+    """Qwen3.5 (partial rotary 0.25): sections [11, 11, 10] interleaved over 32 pairs when omitted."""
+    from transformers import Qwen3_5TextConfig
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding
+
+    text = Qwen3_5TextConfig(hidden_size=256, num_attention_heads=2, num_key_value_heads=1, head_dim=256)
+    assert "mrope_section" not in text.rope_parameters
+    r = RopeConfig.from_hf(text)
+    assert r.rotary_dim == 64 and r.mrope_section == (11, 11, 10) and r.mrope_interleaved
+    assert our_axes(r) == their_axes(Qwen3_5TextRotaryEmbedding, text)
+
+
 def test_qwen2_vl_text_config_object():
     text = Qwen2VLTextConfig(**_tiny_text(rope_parameters={"rope_type": "default", "mrope_section": [4, 2, 2],
                                                            "rope_theta": 1e4}))
@@ -203,3 +215,140 @@ def test_bad_mrope_configs():
     # contiguous sections must cover the pairs exactly (transformers' split fails otherwise)
     with pytest.raises(ValueError, match="mrope_section"):
         RopeConfig.from_hf({**base, "model_type": "qwen2_vl", "rope_scaling": {"type": "mrope"}})
+
+
+# --------------------------------------------------------------------------------------------
+# patch(model): the text decoders of tiny random vision-language models (no downloads)
+
+from posenc_native.integrations.transformers import (  # noqa: E402
+    PosencRotaryEmbedding,
+    UnsupportedModelError,
+    describe,
+    patch,
+    unpatch,
+)
+
+_TOKENS = dict(image_token_id=250, video_token_id=251, vision_start_token_id=252, vision_end_token_id=253)
+_VISION = {
+    "qwen2_vl": dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2),
+    "qwen2_5_vl": dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                       fullatt_block_indexes=[0]),
+    "qwen3_vl": dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                     num_position_embeddings=16, deepstack_visual_indexes=[0]),
+}
+_VISION["qwen3_vl_moe"] = _VISION["qwen3_vl"]
+_CONFIGS = {"qwen2_vl": Qwen2VLConfig, "qwen2_5_vl": Qwen2_5_VLConfig, "qwen3_vl": Qwen3VLConfig,
+            "qwen3_vl_moe": Qwen3VLMoeConfig}
+LOGIT_ATOL = 1e-4
+NEW_TOKENS = 20
+
+
+def tiny_vlm(model_type: str, section=(2, 3, 3), head_dim: int = 16):
+    text = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=head_dim, max_position_embeddings=512,
+                rope_parameters={"rope_type": "default", "mrope_section": list(section), "rope_theta": 10000.0})
+    if model_type == "qwen3_vl_moe":
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    cfg = _CONFIGS[model_type](text_config=text, vision_config=_VISION[model_type], **_TOKENS)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForImageTextToText.from_config(cfg, attn_implementation="eager",
+                                                                 dtype=torch.float32)
+    return model.eval()
+
+
+def image_inputs(model, seed: int) -> dict:
+    """A 4x4-patch image (4 tokens after the 2x2 merge) between text tokens: get_rope_index gives the
+    image tokens (t, h, w) ids that differ per row."""
+    g = torch.Generator().manual_seed(seed)
+    v = model.config.vision_config
+    pixels = torch.randn(16, 3 * v.temporal_patch_size * v.patch_size ** 2, generator=g)
+    text = torch.randint(3, 200, (2, 9), generator=g)
+    ids = torch.cat([text[:, :3], torch.tensor([[252, 250, 250, 250, 250, 253]] * 2), text[:, 3:]], dim=1)
+    return dict(input_ids=ids, pixel_values=torch.cat([pixels, pixels.flip(0)]),
+                image_grid_thw=torch.tensor([[1, 4, 4]] * 2), mm_token_type_ids=(ids == 250).long())
+
+
+def random_positions(batch: int, seq: int, seed: int) -> torch.Tensor:
+    """[3, B, S] position ids whose time, height and width rows all differ (increasing along S)."""
+    g = torch.Generator().manual_seed(seed)
+    steps = torch.randint(0, 4, (3, batch, seq), generator=g)
+    return steps.cumsum(-1) + torch.randint(0, 50, (3, batch, 1), generator=g)
+
+
+@torch.no_grad()
+def logits(model, **inputs) -> torch.Tensor:
+    return model(**inputs).logits.float()
+
+
+@pytest.mark.parametrize("model_type", list(_CONFIGS))
+def test_patched_text_decoder_matches(model_type):
+    model = tiny_vlm(model_type)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, 200, (2, 14), generator=g)
+    positions = random_positions(2, 14, 4)
+    assert not torch.equal(positions[0], positions[1]) and not torch.equal(positions[1], positions[2])
+    image = image_inputs(model, 5)
+    ref_pos = logits(model, input_ids=ids, position_ids=positions)
+    ref_text = logits(model, input_ids=ids)
+    ref_image = logits(model, **image)
+    ref_gen = model.generate(**image, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)
+    vision_rotary = model.model.visual.rotary_pos_emb
+
+    patch(model)
+    rotary = model.model.language_model.rotary_emb
+    assert isinstance(rotary, PosencRotaryEmbedding)
+    assert model.model.visual.rotary_pos_emb is vision_rotary  # the vision tower is left as it is
+    rope = rotary.rope
+    assert rope.mrope_section is not None and rope.mrope_interleaved == model_type.startswith("qwen3")
+    assert "MRoPE sections" in describe(model)
+    # the rotary module hands out positions with their axis rows, not cos/sin
+    handle, _ = rotary(torch.zeros(2, 14, 64), positions)
+    assert handle.positions.shape == (3, 2, 14) and handle.inv_freq.shape == (3, rope.rotary_dim // 2)
+
+    for ours, theirs in ((logits(model, input_ids=ids, position_ids=positions), ref_pos),
+                         (logits(model, input_ids=ids), ref_text), (logits(model, **image), ref_image)):
+        torch.testing.assert_close(ours, theirs, atol=LOGIT_ATOL, rtol=0)
+    gen = model.generate(**image, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                         eos_token_id=None, pad_token_id=0)
+    assert torch.equal(gen, ref_gen)
+    unpatch(model)
+    assert model.model.language_model.rotary_emb is not rotary
+    assert torch.equal(logits(model, input_ids=ids, position_ids=positions), ref_pos)
+
+
+def test_cos_sin_of_the_handle_match_transformers():
+    """RotaryPositions.cos_sin (for code that needs the tensors) is the module's own (cos, sin)."""
+    for model_type in ("qwen2_vl", "qwen3_vl"):
+        model = tiny_vlm(model_type, section=(4, 2, 2))
+        own = model.model.language_model.rotary_emb
+        positions = random_positions(2, 9, 6)
+        x = torch.zeros(2, 9, 64)
+        cos, sin = own(x, positions)
+        with torch.no_grad():
+            patch(model)
+            handle, _ = model.model.language_model.rotary_emb(x, positions)
+            ours = handle.cos_sin()
+            unpatch(model)
+        torch.testing.assert_close(ours[0], cos, atol=2e-6, rtol=0)
+        torch.testing.assert_close(ours[1], sin, atol=2e-6, rtol=0)
+
+
+def test_patched_rotary_refuses_wrong_axis_rows():
+    model = patch(tiny_vlm("qwen2_vl"))
+    rotary = model.model.language_model.rotary_emb
+    with pytest.raises(UnsupportedModelError, match=r"\[3, batch, seq\]"):
+        rotary(torch.zeros(2, 5, 64), torch.zeros(2, 2, 5, dtype=torch.long))
+    unpatch(model)
+
+
+def test_a_section_from_hf_that_the_model_does_not_use_is_refused(monkeypatch):
+    """The probe feeds axis rows that differ: a layout that is not the model's is caught before any change."""
+    import posenc_native.config.hf as hf
+
+    model = tiny_vlm("qwen2_vl", section=(2, 3, 3))
+    real = hf._HFSource.mrope
+    monkeypatch.setattr(hf._HFSource, "mrope", lambda self, *a: ((3, 3, 2), real(self, *a)[1]))
+    with pytest.raises(UnsupportedModelError, match="cannot be patched|not reproduced"):
+        patch(model)
+    assert not isinstance(model.model.language_model.rotary_emb, PosencRotaryEmbedding)

@@ -59,11 +59,13 @@ _PRF_DEFAULTS = {
 # angle from one of them). Model types whose text rotary module is MRoPE in transformers, with the
 # section it uses when the config omits ``mrope_section`` and its pair layout: Qwen2-VL and Qwen2.5-VL
 # split the pairs into contiguous T | H | W sections (modeling_qwen2_vl.Qwen2VLRotaryEmbedding);
-# Qwen3-VL (and its MoE) assigns them round-robin T, H, W (Qwen3VLTextRotaryEmbedding), whatever the
-# config's ``mrope_interleaved`` says: its rotary module does not read the flag.
+# Qwen3-VL (and its MoE) and Qwen3.5 assign them round-robin T, H, W (Qwen3VLTextRotaryEmbedding),
+# whatever the config's ``mrope_interleaved`` says: their rotary modules do not read the flag. Other
+# model types: the layout the config states (``mrope_section``, ``mrope_interleaved``).
 _MROPE_DEFAULTS: dict[str, tuple[tuple[int, ...], bool]] = {
     **dict.fromkeys(("qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text"), ((16, 24, 24), False)),
     **dict.fromkeys(("qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text"), ((24, 20, 20), True)),
+    **dict.fromkeys(("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"), ((11, 11, 10), True)),
 }
 
 

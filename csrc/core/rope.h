@@ -30,16 +30,19 @@ struct RopeProblem {
   bool inverse = false;
   bool copy_passthrough = false;  // out of place: copy dims past rot_dim
 
-  // Positions: explicit ([S], [B,S] or [T]; stride 0 broadcasts), or from cu_seqlens, or s.
+  // Positions: explicit ([S], [B,S] or [T]; stride 0 broadcasts), or from cu_seqlens, or s. With an
+  // axis layout (n_axes > 1: multi-axis RoPE, e.g. MRoPE's time/height/width) they have one row per
+  // axis ([A, B, S] or [A, T]) at pos_stride_a; stride 0 gives every axis the same id (text tokens).
   const void* positions = nullptr;
   IndexKind positions_kind = IndexKind::Int64;
-  int64_t pos_stride_b = 0, pos_stride_s = 0;
+  int64_t pos_stride_b = 0, pos_stride_s = 0, pos_stride_a = 0;
+  int64_t n_axes = 1;
   const void* cu_seqlens = nullptr;  // [n_seqs + 1]
   IndexKind cu_seqlens_kind = IndexKind::Int64;
   int64_t n_seqs = 0;
   int64_t offset = 0;
 
-  // Angle source: frequencies (float64, rot_dim/2 of them) ...
+  // Angle source: frequencies (float64, n_axes rows of rot_dim/2, row-major; see axis_angle) ...
   const double* inv_freq = nullptr;
   double attention_factor = 1.0;
   // ... or a cos/sin table in the operand dtype, [rows, rot_dim] with row strides; rows are
@@ -54,9 +57,11 @@ struct RopeProblem {
   POSENC_HD int64_t first(int64_t i) const { return interleaved ? 2 * i : i; }
   POSENC_HD int64_t second(int64_t i) const { return interleaved ? 2 * i + 1 : i + rot_dim / 2; }
 
-  // Position of token (b, s).
-  POSENC_HD int64_t position(int64_t b, int64_t s) const {
-    if (positions) return load_as_int64(positions, positions_kind, b * pos_stride_b + s * pos_stride_s) + offset;
+  // Position of token (b, s) on axis a.
+  POSENC_HD int64_t position(int64_t b, int64_t s, int64_t a = 0) const {
+    if (positions) {
+      return load_as_int64(positions, positions_kind, b * pos_stride_b + s * pos_stride_s + a * pos_stride_a) + offset;
+    }
     if (cu_seqlens) {  // packed: position within its sequence (binary search for the last start <= s)
       int64_t lo = 0, hi = n_seqs - 1;
       while (lo < hi) {
@@ -84,10 +89,33 @@ struct PairFactors {
   M c1, s1, c2, s2;
 };
 
+// Angles of pairs [i0, i0 + n) for a token at position_of(a) on axis a: the sum over the n_axes rows
+// of inv_freq of position_of(a) * inv_freq[a * pairs + i], in float64 (each position read once). One
+// row is plain RoPE. An axis layout (MRoPE, axial RoPE) has one non-zero frequency per pair: every
+// other term is an exact zero, so the angle is position[axis(i)] * frequency[i] exactly, however the
+// sum is rounded or contracted into FMAs (docs/architecture.md, "Multi-axis positions").
+template <typename PositionOf>
+POSENC_HD void axis_angles(const double* __restrict__ inv_freq, int64_t pairs, int64_t n_axes, int64_t i0, int64_t n,
+                           const PositionOf& position_of, double* __restrict__ angle) {
+  const double p0 = position_of(0);
+  for (int64_t j = 0; j < n; ++j) angle[j] = p0 * inv_freq[i0 + j];
+  for (int64_t a = 1; a < n_axes; ++a) {
+    const double pa = position_of(a);
+    const double* freq = inv_freq + a * pairs + i0;
+    for (int64_t j = 0; j < n; ++j) angle[j] += pa * freq[j];
+  }
+}
+
+// Angles of pairs [i0, i0 + n) for token (b, s) of a problem with frequencies.
+POSENC_HD void pair_angles(const RopeProblem& p, int64_t b, int64_t s, int64_t i0, int64_t n, double* angle) {
+  axis_angles(p.inv_freq, p.pairs(), p.n_axes, i0, n, [&](int64_t a) { return static_cast<double>(p.position(b, s, a)); },
+              angle);
+}
+
 template <typename M>
-POSENC_HD PairFactors<M> factors_from_frequency(const RopeProblem& p, double position, int64_t i) {
+POSENC_HD PairFactors<M> factors_from_angle(const RopeProblem& p, double angle) {
   M s, c;
-  sincos_of<M>(position * p.inv_freq[i], s, c);
+  sincos_of<M>(angle, s, c);
   const M f = static_cast<M>(p.attention_factor);
   return {c * f, s * f, c * f, s * f};
 }

@@ -138,8 +138,9 @@ POSENC_HD void rope_work_item(const RopeProblem& p, const RopeChunks& chunks, in
   const int64_t i0 = chunk * kPairs;
   PairFactors<M> f[kPairs];
   if (p.inv_freq) {
-    const double position = static_cast<double>(p.position(b, s));
-    for (int j = 0; j < kPairs; ++j) f[j] = factors_from_frequency<M>(p, position, i0 + j);
+    double angle[kPairs];
+    pair_angles(p, b, s, i0, kPairs, angle);
+    for (int j = 0; j < kPairs; ++j) f[j] = factors_from_angle<M>(p, angle[j]);
   } else {
     const int64_t row = p.cos_sin_row(b, s);
     for (int j = 0; j < kPairs; ++j) f[j] = factors_from_table<M, T>(p, row, i0 + j);

@@ -75,8 +75,10 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
     rotate_heads<kInterleaved, T>(p, p.k, b, s, C, S, simd);
   };
   if (p.inv_freq) {  // angles from frequencies, once per token, advanced along consecutive positions
-    SinCosStream<M> angles(p.inv_freq, pairs, static_cast<M>(p.attention_factor));
-    const auto position_of = [&](int64_t t) { return static_cast<double>(p.position(t / p.seq, t % p.seq)); };
+    SinCosStream<M> angles(p.inv_freq, pairs, static_cast<M>(p.attention_factor), p.n_axes);
+    const auto position_of = [&](int64_t t, int64_t a) {
+      return static_cast<double>(p.position(t / p.seq, t % p.seq, a));
+    };
     for (int64_t t = begin; t < end; ++t) {
       angles.at(t, position_of);
       if constexpr (std::is_same_v<T, float>) {  // core/rope.h, rotate_row_uniform: why float32 differs

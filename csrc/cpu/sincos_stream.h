@@ -2,9 +2,10 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
-#include "core/angles.h"
+#include "core/rope.h"
 
 namespace posenc::cpu {
 
@@ -15,38 +16,49 @@ namespace posenc::cpu {
 // batch, every row at one position) it repeats it. Which rows are direct thus depends only on the
 // row index and the positions, never on where a parallel chunk begins: a chunk's first row replays
 // from the last direct row at or before it, so any thread count gives the same bits.
+//
+// Multi-axis positions (n_axes rows of frequencies, freq[a * n + i]; core/rope.h, axis_angles): a
+// row's position is one value per axis, given by position_of(r, a), and its angles are the sum over
+// axes. The rule above holds axis by axis: a row whose every axis position is row r-1's or one past
+// it is advanced by one rotation per axis that moved (MRoPE text tokens move on all axes, image
+// patches along a row on one); any other row is direct.
 template <typename M>
 class SinCosStream {
  public:
   static constexpr int kDirectEvery = 64;
 
-  SinCosStream(const double* freq, int64_t n, M amplitude)
-      : freq_(freq), n_(n), amplitude_(amplitude), sin_(n), cos_(n), sin_state_(n), cos_state_(n), step_sin_(n),
-        step_cos_(n) {
-    for (int64_t i = 0; i < n; ++i) {
+  SinCosStream(const double* freq, int64_t n, M amplitude, int64_t n_axes = 1)
+      : freq_(freq), n_(n), n_axes_(n_axes), amplitude_(amplitude), sin_(n), cos_(n), sin_state_(n), cos_state_(n),
+        step_sin_(n * n_axes), step_cos_(n * n_axes), angle_(n_axes > 1 ? n : 0), previous_(n_axes), current_(n_axes),
+        replay_(n_axes), before_(n_axes) {
+    for (int64_t i = 0; i < n * n_axes; ++i) {
       step_sin_[i] = std::sin(freq[i]);
       step_cos_[i] = std::cos(freq[i]);
     }
   }
 
-  // Fills sin() and cos() for row `row` (position_of(row) gives a row's position as a double). A
-  // consumer that can read float64 rows passes math_rows = false: a row that was not computed
-  // directly then stays in state_sin()/state_cos() (from_state() is true), which saves a pass.
+  // Fills sin() and cos() for row `row`: position_of(row) gives a row's position as a double, or,
+  // with several axes, position_of(row, axis). A consumer that can read float64 rows passes
+  // math_rows = false: a row that was not computed directly then stays in state_sin()/state_cos()
+  // (from_state() is true), which saves a pass.
   template <typename PositionOf>
   void at(int64_t row, const PositionOf& position_of, bool math_rows = true) {
-    const double position = position_of(row);
+    positions_of(position_of, row, current_);
     if (row != next_row_) {  // a chunk's first row: replay from the last direct row at or before it
       int64_t r = row;
-      double p = position;
+      replay_ = current_;
       while (r % kDirectEvery != 0) {
-        const double before = position_of(r - 1);
-        if (p != before + 1.0 && p != before) break;
+        positions_of(position_of, r - 1, before_);
+        if (!follows(replay_, before_)) break;
         --r;
-        p = before;
+        replay_.swap(before_);
       }
-      for (int64_t t = r; t < row; ++t) step(t, position_of(t), false);
+      for (int64_t t = r; t < row; ++t) {
+        positions_of(position_of, t, replay_);
+        step(t, replay_, false);
+      }
     }
-    step(row, position, math_rows);
+    step(row, current_, math_rows);
   }
 
   bool from_state() const { return from_state_; }
@@ -57,15 +69,37 @@ class SinCosStream {
   const M* cos() const { return cos_.data(); }
 
  private:
+  template <typename PositionOf>
+  void positions_of(const PositionOf& position_of, int64_t row, std::vector<double>& out) const {
+    if constexpr (std::is_invocable_v<PositionOf, int64_t, int64_t>) {
+      for (int64_t a = 0; a < n_axes_; ++a) out[a] = static_cast<double>(position_of(row, a));
+    } else {
+      out[0] = static_cast<double>(position_of(row));
+    }
+  }
+
+  // Can a row at `now` be reached from one at `before` (every axis the same or one past)?
+  bool follows(const std::vector<double>& now, const std::vector<double>& before) const {
+    for (int64_t a = 0; a < n_axes_; ++a) {
+      if (now[a] != before[a] + 1.0 && now[a] != before[a]) return false;
+    }
+    return true;
+  }
+
   // One row after the previous one (row - 1, at previous_), by the rule above.
-  void step(int64_t row, double position, bool math_rows) {
-    const bool follows = row == next_row_ && row % kDirectEvery != 0;
-    if (follows && position == previous_ + 1.0) {
-      advance(math_rows);
-      from_state_ = !math_rows;
-    } else if (follows && position == previous_) {  // the same angles again
-      if (math_rows) {
-        for (int64_t i = 0; i < n_; ++i) {  // what advance writes: the state in M, times the amplitude
+  void step(int64_t row, const std::vector<double>& position, bool math_rows) {
+    if (row == next_row_ && row % kDirectEvery != 0 && follows(position, previous_)) {
+      int64_t last = -1;  // the last axis that moved: its rotation writes the math rows
+      for (int64_t a = 0; a < n_axes_; ++a) {
+        if (position[a] != previous_[a]) last = a;
+      }
+      for (int64_t a = 0; a < last; ++a) {
+        if (position[a] != previous_[a]) advance(a, false);
+      }
+      if (last >= 0) {
+        advance(last, math_rows);
+      } else if (math_rows) {  // the same angles again: what advance writes, the state in M times the amplitude
+        for (int64_t i = 0; i < n_; ++i) {
           sin_[i] = static_cast<M>(sin_state_[i]) * amplitude_;
           cos_[i] = static_cast<M>(cos_state_[i]) * amplitude_;
         }
@@ -79,8 +113,13 @@ class SinCosStream {
     next_row_ = row + 1;
   }
 
-  void direct(double position) {
-    sincos_row<M>(position, freq_, n_, M(1), sin_.data(), cos_.data());
+  void direct(const std::vector<double>& position) {
+    if (n_axes_ == 1) {
+      sincos_row<M>(position[0], freq_, n_, M(1), sin_.data(), cos_.data());
+    } else {
+      axis_angles(freq_, n_, n_axes_, 0, n_, [&](int64_t a) { return position[a]; }, angle_.data());
+      for (int64_t i = 0; i < n_; ++i) sincos_of<M>(angle_[i], sin_[i], cos_[i]);
+    }
     for (int64_t i = 0; i < n_; ++i) {
       sin_state_[i] = sin_[i];
       cos_state_[i] = cos_[i];
@@ -89,22 +128,23 @@ class SinCosStream {
     }
   }
 
-  void advance(bool math_rows) {
+  // Rotates the state by axis a's step (one position along it).
+  void advance(int64_t a, bool math_rows) {
+    const double* ss = step_sin_.data() + a * n_;
+    const double* sc = step_cos_.data() + a * n_;
     if (math_rows) {
-      advance_sincos_row<true>(sin_state_.data(), cos_state_.data(), step_sin_.data(), step_cos_.data(), n_,
-                               amplitude_, sin_.data(), cos_.data());
+      advance_sincos_row<true>(sin_state_.data(), cos_state_.data(), ss, sc, n_, amplitude_, sin_.data(), cos_.data());
     } else {
-      advance_sincos_row<false>(sin_state_.data(), cos_state_.data(), step_sin_.data(), step_cos_.data(), n_,
-                                amplitude_, sin_.data(), cos_.data());
+      advance_sincos_row<false>(sin_state_.data(), cos_state_.data(), ss, sc, n_, amplitude_, sin_.data(), cos_.data());
     }
   }
 
   const double* freq_;
-  int64_t n_;
+  int64_t n_, n_axes_;
   M amplitude_;
   std::vector<M> sin_, cos_;
-  std::vector<double> sin_state_, cos_state_, step_sin_, step_cos_;
-  double previous_ = 0;
+  std::vector<double> sin_state_, cos_state_, step_sin_, step_cos_, angle_;
+  std::vector<double> previous_, current_, replay_, before_;  // one position per axis
   int64_t next_row_ = -1;
   bool from_state_ = false;
 };

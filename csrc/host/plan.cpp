@@ -40,19 +40,22 @@ struct ValueRange {
 
 template <typename T>
 void scan_cpu(const at::Tensor& t, ValueRange& r) {
-  // 1-D or 2-D, any strides: a plain loop costs far less than reductions for the short index
-  // tensors of a decode step.
+  // 1-D to 3-D (axis positions), any strides: a plain loop costs far less than reductions for the
+  // short index tensors of a decode step.
   const T* data = t.const_data_ptr<T>();
-  const int64_t rows = t.dim() == 2 ? t.size(0) : 1, cols = t.size(-1);
-  const int64_t rs = t.dim() == 2 ? t.stride(0) : 0, cs = t.stride(-1);
+  const int64_t d = t.dim();
+  const int64_t planes = d == 3 ? t.size(0) : 1, rows = d >= 2 ? t.size(d - 2) : 1, cols = t.size(-1);
+  const int64_t ps = d == 3 ? t.stride(0) : 0, rs = d >= 2 ? t.stride(d - 2) : 0, cs = t.stride(-1);
   T lo = data[0], hi = data[0];
   bool nan = false;
-  for (int64_t i = 0; i < rows; ++i) {
-    for (int64_t j = 0; j < cols; ++j) {
-      const T v = data[i * rs + j * cs];
-      nan |= v != v;
-      lo = v < lo ? v : lo;
-      hi = v > hi ? v : hi;
+  for (int64_t k = 0; k < planes; ++k) {
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < cols; ++j) {
+        const T v = data[k * ps + i * rs + j * cs];
+        nan |= v != v;
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+      }
     }
   }
   if constexpr (std::is_integral_v<T>) {
@@ -67,7 +70,7 @@ void scan_cpu(const at::Tensor& t, ValueRange& r) {
 ValueRange value_range(const at::Tensor& t) {
   ValueRange r;
   r.integral = !at::isFloatingType(t.scalar_type());
-  if (t.device().is_cpu() && t.dim() <= 2) {
+  if (t.device().is_cpu() && t.dim() <= 3) {
     switch (t.scalar_type()) {
       case at::kInt: scan_cpu<int32_t>(t, r); return r;
       case at::kLong: scan_cpu<int64_t>(t, r); return r;
@@ -312,9 +315,12 @@ struct PositionInfo {
   int64_t lo = 0, hi = 0;    // of position + offset over all tokens
 };
 
+// axes: the rows of an axis layout (inv_freq [axes, rotary_dim / 2]; 0 without one). Positions may
+// then carry a leading axis dim of that size ([axes, batch, seq], [axes, tokens]); without it every
+// axis gets the same id (text tokens).
 void check_positions(const char* op, RopeProblem& p, PositionInfo& info, const at::Tensor& q,
                      const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& cu_seqlens,
-                     std::string_view layout, int64_t offset, const Backend& backend) {
+                     std::string_view layout, int64_t offset, const Backend& backend, int64_t axes = 0) {
   p.offset = offset;
   const auto note_range = [&](int64_t lo, int64_t hi, const char* what) {
     checked_position_bound(op, lo, hi, offset, what);  // offset is added without wrapping
@@ -327,14 +333,25 @@ void check_positions(const char* op, RopeProblem& p, PositionInfo& info, const a
     check_same_device(op, q, "q", pos, "positions");
     TORCH_CHECK(pos.scalar_type() == at::kInt || pos.scalar_type() == at::kLong, op,
                 ": positions must be int32 or int64, got ", pos.scalar_type());
-    if (layout == "thd") {
-      TORCH_CHECK(pos.dim() == 1 && pos.size(0) == p.seq, op, ": positions must be [tokens] = [", p.seq,
-                  "] for layout 'thd', got shape ", pos.sizes());
+    const bool thd = layout == "thd";
+    const bool axis_dim = pos.dim() == (thd ? 2 : 3);  // a leading axis dim
+    if (axis_dim) {
+      TORCH_CHECK(axes > 0, op, ": positions ", pos.sizes(), " have an axis dim, but the rotation has no axis layout",
+                  " (inv_freq is 1-D); axis positions need inv_freq [axes, rotary_dim / 2] (an MRoPE or axial config)");
+      TORCH_CHECK(pos.size(0) == axes, op, ": positions must have one row per axis of the layout (", axes,
+                  " axes: inv_freq has ", axes, " rows), got ", pos.size(0), " rows in shape ", pos.sizes());
+    }
+    const int64_t d = pos.dim() - (axis_dim ? 1 : 0);  // dims past the axis dim
+    const std::string axis_text = axes > 0 ? "[" + std::to_string(axes) + ", " : "[";
+    if (thd) {
+      TORCH_CHECK(d == 1 && pos.size(-1) == p.seq, op, ": positions must be [tokens] = [", p.seq, "]",
+                  axes > 0 ? " or " + axis_text + "tokens]" : std::string(), " for layout 'thd', got shape ",
+                  pos.sizes());
     } else {
-      const bool ok = (pos.dim() == 1 && pos.size(0) == p.seq) ||
-                      (pos.dim() == 2 && (pos.size(0) == p.batch || pos.size(0) == 1) && pos.size(1) == p.seq);
-      TORCH_CHECK(ok, op, ": positions must be [seq] = [", p.seq, "] or [batch, seq] = [", p.batch, ", ", p.seq,
-                  "], got shape ", pos.sizes());
+      const bool ok = (d == 1 && !axis_dim && pos.size(-1) == p.seq) ||
+                      (d == 2 && (pos.size(-2) == p.batch || pos.size(-2) == 1) && pos.size(-1) == p.seq);
+      TORCH_CHECK(ok, op, ": positions must be [seq] = [", p.seq, "] or [batch, seq] = [", p.batch, ", ", p.seq, "]",
+                  axes > 0 ? " or " + axis_text + "batch or 1, seq]" : std::string(), ", got shape ", pos.sizes());
     }
     // Any strides (the kernels index with them); values read when allowed (one device-to-host copy on CUDA).
     if (pos.numel() > 0 && may_read(pos, backend)) {
@@ -345,7 +362,12 @@ void check_positions(const char* op, RopeProblem& p, PositionInfo& info, const a
     p.positions = pos.data_ptr();
     p.positions_kind = index_kind(pos);
     p.pos_stride_s = pos.stride(-1);
-    p.pos_stride_b = (pos.dim() == 2 && pos.size(0) == p.batch) ? pos.stride(0) : 0;
+    p.pos_stride_b = (pos.dim() >= 2 && !(thd && axis_dim) && pos.size(-2) == p.batch) ? pos.stride(-2) : 0;
+    p.pos_stride_a = axis_dim ? pos.stride(0) : 0;
+  } else {
+    TORCH_CHECK(axes <= 1 || layout != "thd", op, ": positions are required for layout 'thd' with an axis layout",
+                " (inv_freq has ", axes, " rows): pass [", axes, ", tokens] positions, or [tokens] for text tokens",
+                " (cu_seqlens alone gives no per-axis positions)");
   }
   if (cu_seqlens.has_value()) {
     const at::Tensor& cu = *cu_seqlens;
@@ -391,15 +413,22 @@ void check_positions(const char* op, RopeProblem& p, PositionInfo& info, const a
 void check_angle_domain(const char* op, const at::Tensor& inv64, const PositionInfo& info, const Backend& backend) {
   const double bound = info.known ? std::max(std::abs(static_cast<double>(info.lo)), std::abs(static_cast<double>(info.hi)))
                                   : 0.0;
+  // w: the largest sum over axes of |inv_freq[a][i]| (one axis: the largest |inv_freq[i]|).
   double w = 0;
   if (inv64.device().is_cpu()) {
     const double* v = inv64.data_ptr<double>();
-    for (int64_t i = 0; i < inv64.numel(); ++i) {
-      TORCH_CHECK(std::isfinite(v[i]), op, ": inv_freq must be finite, got ", v[i], " at index ", i);
-      w = std::max(w, std::abs(v[i]));
+    const int64_t pairs = inv64.size(-1), axes = inv64.numel() / pairs;
+    for (int64_t i = 0; i < pairs; ++i) {
+      double sum = 0;
+      for (int64_t a = 0; a < axes; ++a) {
+        const double f = v[a * pairs + i];
+        TORCH_CHECK(std::isfinite(f), op, ": inv_freq must be finite, got ", f, " at index ", a * pairs + i);
+        sum += std::abs(f);
+      }
+      w = std::max(w, sum);
     }
   } else if (bound > 16777216.0 && backend.may_read_device_values()) {
-    w = inv64.abs().max().item<double>();
+    w = inv64.abs().reshape({-1, inv64.size(-1)}).sum(0).max().item<double>();
     TORCH_CHECK(std::isfinite(w), op, ": inv_freq must be finite");
   }
   TORCH_CHECK(bound * w <= kMaxAngle, op, ": position * inv_freq must stay within 2^50 rad (the supported angle ",
@@ -438,15 +467,19 @@ void check_inputs_apart(const char* op, const at::Tensor& q, const at::Tensor& k
   }
 }
 
+// inv_freq is [rotary_dim / 2], or [axes, rotary_dim / 2] for an axis layout (core/rope.h,
+// axis_angles: pair i's angle is the sum over axes of position[a] * inv_freq[a][i]; MRoPE and axial
+// layouts have one non-zero entry per pair).
 at::Tensor check_inv_freq(const char* op, const at::Tensor& q, const at::Tensor& inv_freq, int64_t head_dim,
                           double attention_factor) {
   check_same_device(op, q, "q", inv_freq, "inv_freq");
-  TORCH_CHECK(inv_freq.dim() == 1 && inv_freq.size(0) >= 1, op,
-              ": inv_freq must be 1-D with rotary_dim / 2 >= 1 entries, got shape ", inv_freq.sizes());
+  TORCH_CHECK((inv_freq.dim() == 1 || inv_freq.dim() == 2) && inv_freq.numel() >= 1, op,
+              ": inv_freq must be [rotary_dim / 2] or, for an axis layout, [axes, rotary_dim / 2], with at least one "
+              "entry, got shape ", inv_freq.sizes());
   TORCH_CHECK(inv_freq.scalar_type() == at::kFloat || inv_freq.scalar_type() == at::kDouble, op,
               ": inv_freq must be float32 or float64, got ", inv_freq.scalar_type());
-  TORCH_CHECK(2 * inv_freq.size(0) <= head_dim, op, ": inv_freq has ", inv_freq.size(0), " frequencies (rotary_dim ",
-              2 * inv_freq.size(0), ") but head_dim is ", head_dim);
+  TORCH_CHECK(2 * inv_freq.size(-1) <= head_dim, op, ": inv_freq has ", inv_freq.size(-1), " frequencies (rotary_dim ",
+              2 * inv_freq.size(-1), ") but head_dim is ", head_dim);
   TORCH_CHECK(std::isfinite(attention_factor), op, ": attention_factor must be finite, got ", attention_factor);
   return inv_freq.to(at::kDouble).contiguous();
 }
@@ -488,13 +521,14 @@ void rope_frequency(const char* op, const at::Tensor& q, const at::Tensor& k, co
   const bool in_place = s.in_place;
   RopeProblem& p = s.p;
   PositionInfo info;
-  check_positions(op, p, info, q, positions, cu_seqlens, layout, offset, backend);
   const at::Tensor inv64 = check_inv_freq(op, q, inv_freq, in.q.head_dim, attention_factor);
+  check_positions(op, p, info, q, positions, cu_seqlens, layout, offset, backend, inv64.dim() == 2 ? inv64.size(0) : 0);
   check_angle_domain(op, inv64, info, backend);
   if (in_place) {
     check_inputs_apart(op, q, k, {{&info.positions, "positions"}, {&info.cu_seqlens, "cu_seqlens"}, {&inv64, "inv_freq"}});
   }
-  p.rot_dim = 2 * inv64.size(0);
+  p.rot_dim = 2 * inv64.size(-1);
+  p.n_axes = inv64.dim() == 2 ? inv64.size(0) : 1;
   p.interleaved = interleaved;
   p.inverse = inverse;
   p.inv_freq = inv64.data_ptr<double>();

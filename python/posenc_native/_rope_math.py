@@ -1,9 +1,10 @@
 """RoPE tensor math in plain PyTorch, float64, shared by the reference, the modules and the
 transformers integration: the layout axes, the sequence length a scheme sees, the angles, the
-cos/sin tables and the rotate-half helpers. No kernels here."""
+cos/sin tables, the rotate-half helpers and the pair -> axis map of multi-axis layouts (MRoPE,
+axial). No kernels here."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -21,10 +22,50 @@ def seq_len_from_positions(positions: torch.Tensor, offset: int = 0) -> int:
     return int(positions.max()) + int(offset) + 1
 
 
-def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """``positions[..., None] * inv_freq``, formed in float64: ``[*positions.shape, len(inv_freq)]``."""
+def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor,
+                pair_axes: Optional[Sequence[int]] = None) -> torch.Tensor:
+    """``positions[..., None] * inv_freq``, formed in float64: ``[*positions.shape, len(inv_freq)]``.
+
+    With ``pair_axes`` (an axis layout, :func:`mrope_pair_axes`) positions are ``[A, *rest]``, one row
+    per axis, and pair i's angle is ``positions[pair_axes[i]] * inv_freq[i]``: ``[*rest, len(inv_freq)]``."""
     pos = positions.to(torch.float64)
-    return pos[..., None] * inv_freq.to(device=pos.device, dtype=torch.float64)
+    inv = inv_freq.to(device=pos.device, dtype=torch.float64)
+    if pair_axes is None:
+        return pos[..., None] * inv
+    index = torch.as_tensor(list(pair_axes), dtype=torch.long, device=pos.device)
+    return pos.movedim(0, -1)[..., index] * inv
+
+
+def mrope_pair_axes(section: Sequence[int], interleaved: bool = False) -> tuple[int, ...]:
+    """Which position axis feeds each rotary pair, for ``sum(section)`` pairs and ``len(section)`` axes.
+
+    Contiguous (Qwen2-VL, Qwen2.5-VL, axial RoPE): section j's pairs, in order, take axis j; for
+    ``(16, 24, 24)`` pairs 0-15 read time, 16-39 height, 40-63 width (transformers'
+    ``Qwen2VLRotaryEmbedding.recomposition_frequencies``).
+
+    Interleaved (Qwen3-VL): axes take pairs round-robin, pair i on axis ``i % A`` while
+    ``i < A * section[i % A]``, and every other pair on axis 0; for ``(24, 20, 20)`` pairs
+    0, 3, ..., 57 and 60-63 read time, 1, 4, ..., 58 height, 2, 5, ..., 59 width (transformers'
+    ``Qwen3VLTextRotaryEmbedding.recomposition_frequencies``). Axis a then has ``section[a]`` pairs
+    when the sections allow it (Qwen3-VL's do); other sections follow the same rule, as in transformers.
+    """
+    n = sum(section)
+    if not interleaved:
+        return tuple(a for a, width in enumerate(section) for _ in range(width))
+    axes = len(section)
+    return tuple(i % axes if (i % axes and i < axes * section[i % axes]) else 0 for i in range(n))
+
+
+def axis_inv_freq(inv_freq: torch.Tensor, pair_axes: Sequence[int], num_axes: int) -> torch.Tensor:
+    """The frequencies as the ops take an axis layout: ``[num_axes, len(inv_freq)]``, pair i's
+    frequency in row ``pair_axes[i]`` and zeros elsewhere (the kernels sum ``position[a] *
+    row[a][i]`` over axes, csrc/core/rope.h; the zeros make that exactly ``position[axis(i)] *
+    inv_freq[i]``). float64, on inv_freq's device."""
+    inv = inv_freq.to(torch.float64)
+    index = torch.as_tensor(list(pair_axes), dtype=torch.long, device=inv.device)
+    out = torch.zeros((num_axes, inv.shape[-1]), dtype=torch.float64, device=inv.device)
+    out[index, torch.arange(inv.shape[-1], device=inv.device)] = inv
+    return out
 
 
 def cos_sin_from_angles(angles: torch.Tensor, attention_factor: float = 1.0, interleaved: bool = False,

@@ -62,6 +62,8 @@ class RotaryEmbedding(nn.Module):
     ``[batch, heads, seq, head_dim]``, ``"thd"`` for packed tokens). Frequencies are computed once
     per device (and per regime for dynamic NTK / LongRoPE) in float64 and cached by the config
     (:meth:`RopeConfig.inv_freq_on`), so modules sharing a config share them, across threads too.
+    With an axis layout (``config.mrope_section``: MRoPE, or :meth:`RopeConfig.axial`) positions may
+    carry one row per axis, ``[A, B, S]`` (``[A, T]`` for thd), as in :func:`ops.apply_rope`.
     """
 
     def __init__(self, config: RopeConfig, layout: str = "bshd") -> None:

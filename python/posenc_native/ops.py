@@ -11,7 +11,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from ._library import load_library
-from ._rope_math import HEAD_AXIS, LAYOUTS, SEQ_AXIS, seq_len_from_positions
+from ._rope_math import HEAD_AXIS, LAYOUTS, SEQ_AXIS, axis_inv_freq, mrope_pair_axes, seq_len_from_positions
 from .config import RopeConfig
 
 load_library()
@@ -212,8 +212,26 @@ def rope_seq_len(config: "RopeConfig", q: torch.Tensor, positions: Optional[torc
     return q.shape[SEQ_AXIS[layout]] + offset
 
 
+def _axis_layout_inv_freq(inv_freq: torch.Tensor, mrope_section, mrope_interleaved) -> torch.Tensor:
+    """inv_freq= with mrope_section=: the ops' axis form ([axes, pairs], _rope_math.axis_inv_freq),
+    checked as RopeConfig checks its fields."""
+    interleaved = _check_bool("mrope_interleaved", mrope_interleaved)
+    if inv_freq.dim() != 1:
+        raise ValueError(f"mrope_section= needs a 1-D inv_freq (one frequency per pair), got shape "
+                         f"{tuple(inv_freq.shape)}")
+    try:
+        section = tuple(_check_int("mrope_section entries", n) for n in mrope_section)
+    except TypeError as e:
+        raise TypeError(f"mrope_section must be a sequence of ints (pairs per axis), got {mrope_section!r}") from e
+    pairs = inv_freq.shape[0]
+    if not section or min(section) < 0 or sum(section) != pairs:
+        raise ValueError(f"mrope_section {section} must be ints >= 0 summing to the pair count: inv_freq has "
+                         f"{pairs} frequencies (rotary_dim {2 * pairs}), the sections sum to {sum(section)}")
+    return axis_inv_freq(inv_freq, mrope_pair_axes(section, interleaved), len(section))
+
+
 def _resolve_rope_args(q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset,
-                       cu_seqlens, rotary_dim):
+                       cu_seqlens, rotary_dim, mrope_section=None, mrope_interleaved=False):
     n = _LAYOUT_DIMS.get(layout) if isinstance(layout, str) else None
     if n is None:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -244,10 +262,13 @@ def _resolve_rope_args(q, k, positions, config, inv_freq, attention_factor, inte
             raise ValueError(f"rotary_dim={rotary_dim} disagrees with config.rotary_dim={config.rotary_dim}")
         if config.head_dim != head_dim:
             raise ValueError(f"q's head_dim is {head_dim} but config.head_dim is {config.head_dim}")
+        if mrope_section is not None or mrope_interleaved:
+            raise ValueError("with config=, the axis layout comes from config.mrope_section / mrope_interleaved; "
+                             "do not pass mrope_section= or mrope_interleaved=")
         # frequencies cached per (config, device, regime), attention factor computed once: no host
         # work that depends only on the config, and positions are read only when the scheme needs it
         seq_len = rope_seq_len(config, q, positions, layout, offset, cu_seqlens) if config.needs_seq_len else None
-        return (_empty_k(q, layout) if k is None else k, config.inv_freq_on(q.device, seq_len),
+        return (_empty_k(q, layout) if k is None else k, config.op_inv_freq_on(q.device, seq_len),
                 config.attention_factor, config.interleaved, offset)
     if inv_freq is None:
         raise ValueError("apply_rope needs config= or inv_freq=")
@@ -257,6 +278,10 @@ def _resolve_rope_args(q, k, positions, config, inv_freq, attention_factor, inte
         if rotary_dim != 2 * inv_freq.shape[-1]:
             raise ValueError(f"rotary_dim={rotary_dim} but inv_freq has {inv_freq.shape[-1]} frequencies "
                              f"(rotary_dim {2 * inv_freq.shape[-1]})")
+    if mrope_section is not None:
+        inv_freq = _axis_layout_inv_freq(inv_freq, mrope_section, mrope_interleaved)
+    elif mrope_interleaved:
+        raise ValueError("mrope_interleaved=True needs mrope_section= (the pairs of each axis)")
     if k is None:
         k = _empty_k(q, layout)
     return k, inv_freq, _check_float("attention_factor", attention_factor), _check_bool("interleaved", interleaved), offset
@@ -278,7 +303,8 @@ def _autograd_skipped(q: torch.Tensor, k: torch.Tensor):
 def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None, *,
                config: Optional["RopeConfig"] = None, inv_freq: Optional[torch.Tensor] = None,
                attention_factor: float = 1.0, interleaved: bool = False, layout: str = "bshd", offset: int = 0,
-               cu_seqlens: Optional[torch.Tensor] = None, rotary_dim: Optional[int] = None
+               cu_seqlens: Optional[torch.Tensor] = None, rotary_dim: Optional[int] = None,
+               mrope_section: Optional[Sequence[int]] = None, mrope_interleaved: bool = False
                ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Rotary position embedding of q and k in one fused pass; returns new ``(q, k)``.
 
@@ -287,7 +313,11 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Opt
             (``thd``, packed). Any strides with a contiguous last dim (views of a fused qkv work).
             k may have another head count (GQA/MQA) or be None.
         positions: int32/int64 ``[S]``, ``[B,S]`` or ``[T]``; default ``arange(S) + offset`` (or the
-            position within each packed sequence when ``cu_seqlens`` is given).
+            position within each packed sequence when ``cu_seqlens`` is given). With an axis layout
+            (``config.mrope_section`` or ``mrope_section=``) also ``[A,B,S]`` / ``[A,1,S]`` (``[A,T]`` for
+            thd), one row per axis (MRoPE's time/height/width ids; for Flux's ids ``[B,L,3]`` pass
+            ``ids.permute(2, 0, 1)``); 1-D and 2-D positions then give every axis the same id (text
+            tokens), as transformers does. thd with an axis layout needs positions.
         config: a :class:`RopeConfig`; supplies inv_freq, attention factor, pairing and rotary dim.
         inv_freq: ``rotary_dim // 2`` frequencies (float64 or float32) when no config is given.
         attention_factor: multiplies cos and sin (YaRN's temperature), on q and k alike.
@@ -295,11 +325,17 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Opt
         offset: added to every position (decode steps).
         cu_seqlens: ``[n+1]`` sequence starts for ``thd``.
         rotary_dim: optional check; dims past it pass through unchanged.
+        mrope_section, mrope_interleaved: with ``inv_freq``, an axis layout: pairs per position axis
+            (summing to ``len(inv_freq)``), contiguous (Qwen2-VL) or round-robin (Qwen3-VL), as the
+            :class:`RopeConfig` fields of the same names. The raw op takes the layout inside
+            inv_freq instead: ``[A, rotary_dim/2]``, pair i's frequency in row axis(i), zeros
+            elsewhere (``_rope_math.axis_inv_freq``).
 
     Differentiable with respect to q and k (the backward is the transposed rotation).
     """
     k_arg, inv_freq, attention_factor, interleaved, offset = _resolve_rope_args(
-        q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens, rotary_dim)
+        q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens, rotary_dim,
+        mrope_section, mrope_interleaved)
     with _autograd_skipped(q, k_arg):
         q_out, k_out = torch.ops.posenc.rope(q, k_arg, positions, cu_seqlens, inv_freq, attention_factor,
                                              interleaved, layout, offset, False)
@@ -309,16 +345,18 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Opt
 def apply_rope_(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None, *,
                 config: Optional["RopeConfig"] = None, inv_freq: Optional[torch.Tensor] = None,
                 attention_factor: float = 1.0, interleaved: bool = False, layout: str = "bshd", offset: int = 0,
-                cu_seqlens: Optional[torch.Tensor] = None, rotary_dim: Optional[int] = None
+                cu_seqlens: Optional[torch.Tensor] = None, rotary_dim: Optional[int] = None,
+                mrope_section: Optional[Sequence[int]] = None, mrope_interleaved: bool = False
                 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """In-place :func:`apply_rope`; returns the same q and k.
 
     Autograd follows torch's rules for in-place ops (as ``mul_``): q and k's version counters are
     bumped; a leaf that requires grad is refused under grad mode; a non-leaf that requires grad gets
     the in-place gradient (the inverse rotation). Out-of-place :func:`apply_rope` is the usual choice
-    for training."""
+    for training. Positions with an axis layout as in :func:`apply_rope`."""
     k_arg, inv_freq, attention_factor, interleaved, offset = _resolve_rope_args(
-        q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens, rotary_dim)
+        q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens, rotary_dim,
+        mrope_section, mrope_interleaved)
     args = (q, k_arg, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, False)
     if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k_arg.requires_grad)):
         torch.ops.posenc.rope_(*args)

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Optional, Union
 
 import torch
 
-from ._rope_math import (SEQ_AXIS, cos_sin_from_angles, rope_angles, rotate_every_two, rotate_half,
-                         seq_len_from_positions)
+from ._rope_math import (SEQ_AXIS, cos_sin_from_angles, mrope_pair_axes, rope_angles, rotate_every_two,
+                         rotate_half, seq_len_from_positions)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .config import RopeConfig
@@ -138,7 +138,8 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Opt
                config: Optional["RopeConfig"] = None, *, layout: str = "bshd",
                inv_freq: Optional[torch.Tensor] = None, attention_factor: float = 1.0, interleaved: bool = False,
                offset: int = 0, cu_seqlens: Optional[torch.Tensor] = None, seq_len: Optional[int] = None,
-               cfg: Optional["RopeConfig"] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+               cfg: Optional["RopeConfig"] = None, mrope_section=None, mrope_interleaved: bool = False
+               ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Rotary embedding of q and k, the reference for ``ops.apply_rope`` (float64 math).
 
     Args:
@@ -151,6 +152,10 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Opt
             rotary dim), by position or as ``config=`` like ``ops.apply_rope``; or give ``inv_freq``,
             ``attention_factor`` and ``interleaved`` instead. (``cfg=`` is its deprecated name.)
         seq_len: for dynamic NTK / LongRoPE; default ``max(position) + 1``.
+        mrope_section, mrope_interleaved: an axis layout with ``inv_freq`` (a config brings its
+            own): positions are then ``[A, B, S]`` / ``[A, S]`` (``[A, T]`` for thd), and pair i turns
+            by ``positions[axis(i)] * inv_freq[i]`` with ``axis = _rope_math.mrope_pair_axes(section,
+            interleaved)``; positions without the axis dim give every axis the same id.
 
     Returns:
         ``(q_out, k_out)`` in the dtypes of q and k (``k_out`` None when k is None). The rotated
@@ -169,19 +174,32 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Opt
         raise ValueError("cu_seqlens is only for layout 'thd'")
     num_tokens = q.shape[SEQ_AXIS[layout]]
     pos = rope_positions(num_tokens, positions, offset=offset, cu_seqlens=cu_seqlens, device=q.device)
+    pair_axes = None
     if config is not None:
-        if inv_freq is not None:
-            raise ValueError("pass either config or inv_freq, not both")
+        if inv_freq is not None or mrope_section is not None:
+            raise ValueError("pass either config or inv_freq (and mrope_section), not both")
         if seq_len is None and config.needs_seq_len:
             seq_len = seq_len_from_positions(pos)
         inv_freq = config.inv_freq(seq_len=seq_len)
         attention_factor, interleaved = config.attention_factor, config.interleaved
+        pair_axes, num_axes = config.pair_axes, config.num_axes
+    elif mrope_section is not None:
+        pair_axes, num_axes = mrope_pair_axes(tuple(mrope_section), bool(mrope_interleaved)), len(mrope_section)
     if inv_freq is None:
         raise ValueError("apply_rope needs config or inv_freq")
     rotary_dim = 2 * inv_freq.shape[-1]
     if rotary_dim > q.shape[-1]:
         raise ValueError(f"rotary dim {rotary_dim} exceeds head_dim {q.shape[-1]}")
-    angles = rope_angles(pos, inv_freq)  # [S, R/2], [B, S, R/2] or [T, R/2]
+    if pair_axes is not None:
+        if len(pair_axes) != inv_freq.shape[-1]:
+            raise ValueError(f"the axis layout has {len(pair_axes)} pairs but inv_freq has {inv_freq.shape[-1]}")
+        if positions is None and layout == "thd":
+            raise ValueError("positions are required for layout 'thd' with an axis layout")
+        if pos.dim() != (2 if layout == "thd" else 3):  # no axis dim: the same id on every axis
+            pos = pos.expand(num_axes, *pos.shape)
+        elif pos.shape[0] != num_axes:
+            raise ValueError(f"positions must have {num_axes} axis rows, got shape {tuple(pos.shape)}")
+    angles = rope_angles(pos, inv_freq, pair_axes)  # [S, R/2], [B, S, R/2] or [T, R/2]
     f = float(attention_factor)
     cos, sin = torch.cos(angles) * f, torch.sin(angles) * f
     # broadcast over heads: insert the head axis next to the sequence axis

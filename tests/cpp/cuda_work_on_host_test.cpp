@@ -33,6 +33,7 @@ struct Case {
   std::string name;
   int64_t batch, seq, hq, hk, head_dim, rot_dim;
   bool interleaved, inverse, in_place, table, packed, fused, misalign;
+  int64_t axes = 1;  // > 1: an axis layout (MRoPE), positions [axes, B, S], one-hot inv_freq [axes, pairs]
 };
 
 // Element-wise reference: for every token, head and pair, the core factors and rotation.
@@ -46,7 +47,9 @@ void reference(const RopeProblem& p) {
           const T* src = static_cast<const T*>(op->src) + b * op->src_stride_b + s * op->src_stride_s + h * op->src_stride_h;
           T* dst = static_cast<T*>(op->dst) + b * op->dst_stride_b + s * op->dst_stride_s + h * op->dst_stride_h;
           for (int64_t i = 0; i < p.pairs(); ++i) {
-            const PairFactors<M> f = p.inv_freq ? factors_from_frequency<M>(p, static_cast<double>(p.position(b, s)), i)
+            double angle = 0;
+            if (p.inv_freq) pair_angles(p, b, s, i, 1, &angle);
+            const PairFactors<M> f = p.inv_freq ? factors_from_angle<M>(p, angle)
                                                 : factors_from_table<M, T>(p, p.cos_sin_row(b, s), i);
             M a = to_math<M>(src[p.first(i)]), c = to_math<M>(src[p.second(i)]);
             rotate_pair<M>(a, c, f, p.inverse);
@@ -134,7 +137,7 @@ int run_case(const Case& c, int* failures) {
     make(c.hk, 0, kdst, p.k, false);
   }
 
-  std::vector<int64_t> positions(c.batch * c.seq), cu{0};
+  std::vector<int64_t> positions(c.axes * c.batch * c.seq), cu{0};
   std::uniform_int_distribution<int64_t> pos_dist(0, 1 << 22);
   for (auto& v : positions) v = pos_dist(rng);
   if (c.packed) {
@@ -148,9 +151,14 @@ int run_case(const Case& c, int* failures) {
     p.positions = positions.data();
     p.positions_kind = IndexKind::Int64;
     p.pos_stride_b = c.seq, p.pos_stride_s = 1;
+    p.pos_stride_a = c.batch * c.seq;
   }
-  std::vector<double> inv_freq(c.rot_dim / 2);
-  for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(10000.0, -2.0 * i / c.rot_dim) * 0.9;
+  // With axes > 1, pair i reads axis i % axes (the rows of the other axes hold zeros).
+  p.n_axes = c.axes;
+  std::vector<double> inv_freq(c.axes * (c.rot_dim / 2), 0.0);
+  for (int64_t i = 0; i < c.rot_dim / 2; ++i) {
+    inv_freq[(i % c.axes) * (c.rot_dim / 2) + i] = std::pow(10000.0, -2.0 * i / c.rot_dim) * 0.9;
+  }
   std::vector<T> cos_t(c.batch * c.seq * c.rot_dim), sin_t(cos_t.size());
   if (c.table) {
     std::normal_distribution<double> dist;
@@ -271,6 +279,10 @@ int main() {
         cases.push_back({tag + " misaligned", 1, 3, 2, 1, 64, 48, interleaved, false, in_place, table, false, false, true});
         cases.push_back({tag + " packed", 1, 10, 2, 2, 32, 32, interleaved, false, in_place, table, true, false, false});
         cases.push_back({tag + " no k", 2, 4, 3, 0, 96, 96, interleaved, false, in_place, table, false, false, false});
+        if (!table) {
+          cases.push_back({tag + " mrope", 2, 5, 4, 2, 128, 128, interleaved, false, in_place, false, false, false, false, 3});
+          cases.push_back({tag + " mrope partial", 1, 3, 2, 1, 64, 48, interleaved, true, in_place, false, false, false, true, 3});
+        }
       }
     }
   }

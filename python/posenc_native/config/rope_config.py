@@ -4,10 +4,11 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Mapping, Optional, Union
+from typing import Any, Hashable, Mapping, Optional, Sequence, Union
 
 import torch
 
+from .._rope_math import axis_inv_freq, mrope_pair_axes
 from .scheme import RopeScaling, scaling_from_dict, scheme_class
 
 
@@ -28,19 +29,24 @@ class DeviceFrequencies:
         self._lock = threading.Lock()
 
     @torch.compiler.assume_constant_result
-    def get(self, device: torch.device, seq_len: Optional[int]) -> torch.Tensor:
+    def get(self, device: torch.device, seq_len: Optional[int], axes: bool = False) -> torch.Tensor:
+        """``axes``: the ops' form of an axis layout (``RopeConfig.op_inv_freq_on``)."""
         cfg = self._config
-        key = (device, cfg.scaling.regime(cfg, seq_len) if cfg.needs_seq_len else None)
+        key = (device, cfg.scaling.regime(cfg, seq_len) if cfg.needs_seq_len else None, axes)
         t = self._entries.get(key)
         if t is None:
-            t = self._fill(key, device, seq_len)
+            t = self._fill(key, device, seq_len, axes)
         return t
 
-    def _fill(self, key: Hashable, device: torch.device, seq_len: Optional[int]) -> torch.Tensor:
+    def _fill(self, key: Hashable, device: torch.device, seq_len: Optional[int], axes: bool) -> torch.Tensor:
         with self._lock:
             t = self._entries.get(key)
             if t is None:
-                t = self._config.inv_freq(seq_len).to(device)
+                cfg = self._config
+                t = cfg.inv_freq(seq_len)
+                if axes:
+                    t = axis_inv_freq(t, cfg.pair_axes, cfg.num_axes)
+                t = t.to(device)
                 entries = {} if len(self._entries) >= self.MAX_ENTRIES else dict(self._entries)
                 entries[key] = t
                 self._entries = entries
@@ -64,11 +70,21 @@ class RopeConfig:
             default for ``original_max_position_embeddings`` / ``factor`` of yarn and longrope.
         scaling: a :class:`RopeScaling` scheme, or its Hugging Face dict form
             (``{"rope_type": "yarn", "factor": 4, ...}``); default :class:`DefaultScaling`.
+        mrope_section: an axis layout (multi-axis RoPE: MRoPE of Qwen2-VL / Qwen2.5-VL / Qwen3-VL,
+            axial RoPE): pairs per position axis, e.g. ``(16, 24, 24)`` for time, height and width,
+            summing to ``rotary_dim // 2``. Positions then have one row per axis (``[A, B, S]``,
+            ``[A, T]``; 2-D ``[B, S]`` or 1-D positions give every axis the same id, as text tokens)
+            and pair i's angle is ``positions[axis(i)] * inv_freq[i]``. Default None: plain RoPE.
+        mrope_interleaved: Qwen3-VL's layout, axes taking pairs round-robin within their sections;
+            default False gives each axis a contiguous section (Qwen2-VL, Qwen2.5-VL, axial).
+            ``posenc_native._rope_math.mrope_pair_axes`` is the exact map.
 
     Properties: ``rope_type``, ``attention_factor``, ``needs_seq_len``,
-    ``softmax_scale_multiplier``. Methods: ``inv_freq(seq_len=None)`` (float64, on the host, a new
-    tensor) and ``inv_freq_on(device, seq_len=None)`` (the same values on ``device``, cached per
-    device and regime and shared: do not modify it).
+    ``softmax_scale_multiplier``, ``pair_axes`` / ``num_axes`` (the axis layout). Methods:
+    ``inv_freq(seq_len=None)`` (float64, on the host, a new tensor), ``inv_freq_on(device,
+    seq_len=None)`` (the same values on ``device``, cached per device and regime and shared: do not
+    modify it) and ``op_inv_freq_on`` (what the ops take: the same, or its axis form). Axial RoPE
+    (Flux): :meth:`axial`.
 
     Invalid values raise ValueError naming the field. Where transformers only warns, this rejects:
     ``factor < 1``; ``beta_fast < beta_slow`` (or either <= 0); LongRoPE factor lists whose length
@@ -126,10 +142,51 @@ class RopeConfig:
                              f"(head_dim {self.head_dim} x partial_rotary_factor {prf})")
         set_(self, "rotary_dim", rotary_dim)
         set_(self, "partial_rotary_factor", prf)
+        self._resolve_axis_layout()
         scaling.validate(self)
         # computed once: every call of the ops and modules reads these
         set_(self, "_attention_factor", float(scaling.compute_attention_factor(self)))
         set_(self, "_frequencies", DeviceFrequencies(self))
+
+    def _resolve_axis_layout(self) -> None:
+        set_ = object.__setattr__
+        section, interleaved = self.mrope_section, self.mrope_interleaved
+        if not (interleaved is True or interleaved is False):
+            raise ValueError(f"'mrope_interleaved' must be a bool, got {interleaved!r}")
+        if section is None:
+            if interleaved:
+                raise ValueError("'mrope_interleaved' needs 'mrope_section' (the pairs of each axis)")
+            set_(self, "_pair_axes", None)
+            return
+        pairs = self.rotary_dim // 2
+        try:
+            section = tuple(section)
+        except TypeError:
+            raise ValueError(f"'mrope_section' must be a sequence of ints (pairs per axis), got {section!r}") from None
+        if not section or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in section):
+            raise ValueError(f"'mrope_section' must be a non-empty sequence of ints >= 0 (pairs per axis), got "
+                             f"{self.mrope_section!r}")
+        if sum(section) != pairs:
+            raise ValueError(f"'mrope_section' {section} sums to {sum(section)} pairs, but the rotation has "
+                             f"rotary_dim // 2 = {pairs} pairs")
+        set_(self, "mrope_section", section)
+        set_(self, "_pair_axes", mrope_pair_axes(section, interleaved))
+
+    @classmethod
+    def axial(cls, axes_dim: Sequence[int] = (16, 56, 56), theta: float = 10000.0, interleaved: bool = True,
+              head_dim: Optional[int] = None) -> "RopeConfig":
+        """Axial RoPE as Flux's ``EmbedND``: axis a rotates ``axes_dim[a]`` dims with its own band
+        ``1 / theta ** (arange(0, d_a, 2) / d_a)``, the bands concatenated in axis order (contiguous
+        sections of ``d_a / 2`` pairs), interleaved pairs by default (Flux rotates ``(2i, 2i+1)``).
+
+        Positions are ``[A, B, S]`` (one row per axis). Flux passes ids ``[B, L, A]``: give
+        ``ids.permute(2, 0, 1)``. ``head_dim`` defaults to ``sum(axes_dim)`` (a larger one leaves
+        the dims past it untouched)."""
+        from .axial import AxialScaling, check_axes_dim
+
+        dims = check_axes_dim(axes_dim)
+        return cls(head_dim=sum(dims) if head_dim is None else head_dim, base=theta, interleaved=interleaved,
+                   scaling=AxialScaling(axes_dim=dims), mrope_section=tuple(d // 2 for d in dims))
 
     def __getstate__(self) -> dict:  # pickle / deepcopy: the caches (and their lock) are rebuilt
         return {k: v for k, v in self.__dict__.items() if k not in ("_frequencies",)}
@@ -176,6 +233,27 @@ class RopeConfig:
             raise ValueError(f"'seq_len' must be an int >= 0, got {seq_len!r}")
         out = self.scaling.compute_inv_freq(self, None if seq_len is None else int(seq_len))
         return out.to(torch.float64).contiguous()
+
+    @property
+    def pair_axes(self) -> Optional[tuple[int, ...]]:
+        """The position axis of each rotary pair (``_rope_math.mrope_pair_axes``); None without an
+        axis layout."""
+        return self._pair_axes
+
+    @property
+    def num_axes(self) -> int:
+        """Position rows the rotation reads: ``len(mrope_section)``, 1 without an axis layout."""
+        return 1 if self.mrope_section is None else len(self.mrope_section)
+
+    def op_inv_freq_on(self, device: Union[torch.device, str, None] = None, seq_len: Optional[int] = None
+                       ) -> torch.Tensor:
+        """The frequencies as ``torch.ops.posenc.rope`` takes them, cached like :meth:`inv_freq_on`:
+        that tensor without an axis layout, else ``[num_axes, rotary_dim // 2]`` with pair i's
+        frequency in row ``pair_axes[i]`` and zeros elsewhere (``_rope_math.axis_inv_freq``)."""
+        if seq_len is not None and (isinstance(seq_len, bool) or int(seq_len) < 0):
+            raise ValueError(f"'seq_len' must be an int >= 0, got {seq_len!r}")
+        dev = device if isinstance(device, torch.device) else torch.device("cpu" if device is None else device)
+        return self._frequencies.get(dev, seq_len, self._pair_axes is not None)
 
     def default_inv_freq(self) -> torch.Tensor:
         """The unscaled frequencies of the same width, for comparisons and plots."""

@@ -62,7 +62,9 @@ def our_axes(rope: RopeConfig) -> list[int]:
 def check_against_transformers(rope: RopeConfig, model_type: str, text_config) -> None:
     assert rope.mrope_section is not None, "no MRoPE layout read"
     assert sum(rope.mrope_section) == rope.rotary_dim // 2
-    assert our_axes(rope) == their_axes(ROTARY[model_type], text_config)
+    their = their_axes(ROTARY[model_type], text_config)
+    assert our_axes(rope) == their
+    assert list(rope.pair_axes) == their  # the map the op uses
     theirs = ROTARY[model_type](config=text_config).inv_freq.double()
     torch.testing.assert_close(rope.inv_freq(), theirs, rtol=1e-6, atol=0)
 
@@ -174,7 +176,7 @@ def test_qwen3_5_defaults():
     assert "mrope_section" not in text.rope_parameters
     r = RopeConfig.from_hf(text)
     assert r.rotary_dim == 64 and r.mrope_section == (11, 11, 10) and r.mrope_interleaved
-    assert our_axes(r) == their_axes(Qwen3_5TextRotaryEmbedding, text)
+    assert our_axes(r) == list(r.pair_axes) == their_axes(Qwen3_5TextRotaryEmbedding, text)
 
 
 def test_qwen2_vl_text_config_object():
@@ -193,8 +195,8 @@ def test_other_model_types_read_the_config_flags():
     r = RopeConfig.from_hf({**base, "rope_parameters": {"rope_type": "default", "mrope_section": [4, 2, 2],
                                                         "mrope_interleaved": True}})
     assert tuple(r.mrope_section) == (4, 2, 2) and r.mrope_interleaved
-    # transformers' interleaved rule on 8 pairs gives H pairs 1, 4, 7 and W pairs 2, 5: sections (3, 3, 2)
-    r = RopeConfig.from_hf({**base, "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3],
+    # transformers' interleaved rule on 8 pairs cuts [6, 3, 3] to H pairs 1, 4, 7 and W pairs 2, 5
+    r = RopeConfig.from_hf({**base, "rope_parameters": {"rope_type": "default", "mrope_section": [6, 3, 3],
                                                         "mrope_interleaved": True}})
     assert tuple(r.mrope_section) == (3, 3, 2) and r.mrope_interleaved
     r = RopeConfig.from_hf({**base, "rope_theta": 1e4})

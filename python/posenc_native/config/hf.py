@@ -84,7 +84,7 @@ def interleaved_mrope_section(section: tuple[int, ...], pairs: int) -> tuple[int
     Its rotary module starts from axis 0 everywhere and gives pair ``j`` to axis ``a >= 1`` when
     ``j % 3 == a`` and ``j < 3 * section[a]``: section[0] is never read and a section that does not sum
     to ``pairs`` is cut (or axis 0 takes the rest). Counting each axis's pairs gives a section that sums
-    to ``pairs`` and describes the same assignment under the round-robin rule."""
+    to ``pairs`` and makes the same assignment under that rule (``_rope_math.mrope_pair_axes``)."""
     if len(section) != 3:
         raise ValueError(f"interleaved 'mrope_section' must have 3 entries (T, H, W), got {list(section)}")
     hw = [len(range(a, min(pairs, 3 * section[a]), 3)) for a in (1, 2)]
@@ -254,7 +254,7 @@ class _HFSource:
             if not isinstance(flag, bool):
                 raise ValueError(f"'mrope_interleaved' must be true or false, got {flag!r}")
             interleaved = flag
-        if interleaved:  # what transformers' round-robin assignment makes of it on this many pairs
+        if interleaved and sum(section) != pairs:  # what transformers' round robin makes of it on these pairs
             section = interleaved_mrope_section(section, pairs)
         return section, interleaved
 

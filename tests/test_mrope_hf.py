@@ -336,11 +336,21 @@ def test_cos_sin_of_the_handle_match_transformers():
         torch.testing.assert_close(ours[1], sin, atol=2e-6, rtol=0)
 
 
-def test_patched_rotary_refuses_wrong_axis_rows():
+def test_patched_rotary_position_shapes():
+    """[B, S] and [1, B, S] ids mean the same id on every axis (text tokens), as transformers expands
+    them; a wrong number of axis rows is refused with the expected shape."""
     model = patch(tiny_vlm("qwen2_vl"))
     rotary = model.model.language_model.rotary_emb
+    x = torch.zeros(2, 5, 64)
+    g = torch.Generator().manual_seed(7)
+    q, k = torch.randn(2, 4, 5, 16, generator=g), torch.randn(2, 2, 5, 16, generator=g)
+    ids = torch.randint(0, 100, (2, 5), generator=g)
+    want = rotary(x, ids.expand(3, 2, 5))[0].rotate(q, k)
+    for pos in (ids, ids[None]):
+        got = rotary(x, pos)[0].rotate(q, k)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     with pytest.raises(UnsupportedModelError, match=r"\[3, batch, seq\]"):
-        rotary(torch.zeros(2, 5, 64), torch.zeros(2, 2, 5, dtype=torch.long))
+        rotary(x, torch.zeros(2, 2, 5, dtype=torch.long))
     unpatch(model)
 
 

@@ -61,7 +61,8 @@ def _describe_one(cfg: "RopeConfig", title: str) -> list[str]:
         lines.append(f"  axis layout        {cfg.num_axes} position axes {', '.join(axis_names)}{names}: sections "
                      f"{list(cfg.mrope_section)}, {kind}")
         row = "".join(axis_names[a] for a in axes)
-        lines.append(f"  pair -> axis       {' '.join(row[i:i + 16] for i in range(0, len(row), 16))}  (pair 0 first)")
+        groups = " ".join(row[i:i + 16] for i in range(0, len(row), 16))
+        lines.append(f"  pair -> axis       {groups}  (pair 0 first)")
     lines.append(f"  base (rope_theta)  {cfg.base:g}")
     if cfg.max_position_embeddings is not None:
         lines.append(f"  max positions      {cfg.max_position_embeddings}")

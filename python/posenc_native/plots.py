@@ -83,7 +83,8 @@ def plot_rope(source: str, out: str) -> str:
         ax.semilogy(pairs, scaled, "-", lw=0.6, c="gray")
         for a, name in enumerate(names):
             idx = [i for i, axis in enumerate(cfg.pair_axes) if axis == a]
-            ax.semilogy(idx, scaled[idx], "s", ms=4, color=f"C{a + 1}", label=f"{label}, axis {name} ({len(idx)} pairs)")
+            ax.semilogy(idx, scaled[idx], "s", ms=4, color=f"C{a + 1}",
+                        label=f"{label}, axis {name} ({len(idx)} pairs)")
         ax.set_title("frequencies per pair (colour: position axis)")
     ax.set_xlabel("pair i")
     ax.set_ylabel("inv_freq (rad / position)")

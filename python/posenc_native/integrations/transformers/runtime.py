@@ -192,7 +192,8 @@ class PosencRotaryEmbedding(nn.Module):
         return ", ".join(f"{lt or 'all'}: {r.rope_type}, rotary_dim={r.rotary_dim}, "
                          f"attention_factor={r.attention_factor:g}, interleaved={r.interleaved}"
                          + ("" if r.rope.mrope_section is None else
-                            f", mrope_section={list(r.rope.mrope_section)}, mrope_interleaved={r.rope.mrope_interleaved}")
+                            f", mrope_section={list(r.rope.mrope_section)}, "
+                            f"mrope_interleaved={r.rope.mrope_interleaved}")
                          for lt, r in self.regimes.items())
 
     def forward(self, x: torch.Tensor, position_ids: Optional[torch.Tensor] = None, layer_type: Optional[str] = None):

@@ -34,6 +34,10 @@ def test_main_job_prints_table_and_passes():
         for dtype in ("float32", "float16", "bfloat16"):
             assert any(r[0] == op and r[1] == "cpu" and r[2] == dtype and r[-1] == "pass" for r in rows), \
                 f"no passing cpu/{dtype} row for {op}:\n{out}"
+    for op in ("rope (mrope, qwen2-vl)", "rope_ in place (qwen3-vl)"):  # MRoPE: [3, B, S] positions
+        for dtype in ("float32", "float16", "bfloat16"):
+            assert any(line.startswith(op) and line[26:].split()[:2] == ["cpu", dtype] and line.endswith("pass")
+                       for line in out.splitlines()), f"no passing cpu/{dtype} row for {op}:\n{out}"
     assert "FAIL" not in out
     assert " 0 failed" in out.splitlines()[-1]
 
@@ -101,3 +105,56 @@ def test_plot_without_matplotlib_in_process(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "matplotlib" in err and "pip install" in err
     assert not out.exists()
+
+
+# --------------------------------------------------------------------------------------------
+# MRoPE configs: `posenc config` and `posenc plot rope` show the position axis of every pair
+
+
+def _pair_axis_row(out: str) -> str:
+    line = next(line for line in out.splitlines() if line.strip().startswith("pair -> axis"))
+    return line.split("pair -> axis", 1)[1].split("(")[0].replace(" ", "")
+
+
+def test_config_mrope_interleaved_axes_match_transformers(capsys):
+    from posenc_native import cli
+    from posenc_native.config import PRESETS
+
+    assert cli.main(["config", "qwen3-vl-8b-like"]) == 0
+    out = capsys.readouterr().out
+    assert "3 position axes T, H, W (time, height, width): sections [24, 20, 20], round-robin" in out
+    row = _pair_axis_row(out)
+    assert len(row) == 64 and row.startswith("THWTHW") and row.endswith("WTTTT")
+    transformers = pytest.importorskip("transformers")
+    from test_mrope_hf import their_axes
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding
+
+    text = transformers.Qwen3VLConfig(text_config=PRESETS["qwen3-vl-8b-like"]["text_config"]).get_text_config()
+    assert row == "".join("THW"[a] for a in their_axes(Qwen3VLTextRotaryEmbedding, text))
+
+
+def test_config_mrope_contiguous_table_has_an_axis_column(capsys):
+    from posenc_native import cli
+
+    assert cli.main(["config", "qwen2.5-vl-7b-like"]) == 0
+    out = capsys.readouterr().out
+    assert _pair_axis_row(out) == "T" * 16 + "H" * 24 + "W" * 24
+    header = next(line for line in out.splitlines() if line.split()[:2] == ["pair", "default"])
+    assert header.split()[-1] == "axis"
+    rows = {int(r[0]): r for r in (line.split() for line in out.splitlines()) if r and r[0].isdigit()}
+    # the pairs either side of each section boundary are listed, with their axis
+    assert [rows[i][-1] for i in (15, 16, 39, 40)] == ["T", "H", "H", "W"]
+    assert rows[0][-1] == "T" and rows[63][-1] == "W"
+
+
+def test_plot_rope_mrope(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "mrope.png"
+    proc = run_posenc("plot", "rope", "--config", "qwen3-vl-8b-like", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    width, height = _png_size(out.read_bytes())
+    assert width >= 600 and height >= 200
+    import matplotlib.image
+
+    img = matplotlib.image.imread(str(out))
+    assert len({tuple(px) for px in img.reshape(-1, img.shape[-1])[::37].tolist()}) > 20

@@ -98,6 +98,14 @@ def _small_kwargs(cls, default) -> dict:
         kw["head_dim"] = kw["qk_rope_head_dim"]
     if "kv_lora_rank" in known and "num_key_value_heads" in kw:  # MLA expands k/v to every head
         kw["num_key_value_heads"] = kw["num_attention_heads"]
+    params = getattr(default, "rope_parameters", None)
+    if "mrope_section" in getattr(cls, "ignore_keys_at_rope_validation", ()) and isinstance(params, dict) and (
+            "rope_type" in params or "rope_theta" in params):
+        # MRoPE: sections (T, H, W) that cover the small head's pairs (the defaults are for head_dim 128)
+        head_dim = kw.get("head_dim") or kw.get("hidden_size", 64) // kw.get("num_attention_heads", 4)
+        prf = params.get("partial_rotary_factor") or getattr(default, "partial_rotary_factor", None) or 1.0
+        pairs = int(head_dim * prf) // 2
+        kw["rope_parameters"] = {**params, "mrope_section": [pairs - 2 * (pairs // 3), pairs // 3, pairs // 3]}
     for name in _SUBCONFIGS:
         sub = getattr(default, name, None)
         if sub is not None and hasattr(sub, "to_dict") and not isinstance(sub, dict):

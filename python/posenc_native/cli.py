@@ -5,7 +5,8 @@
     posenc plot rope --config PATH_OR_NAME --out FILE.png
     posenc plot t5-buckets --out FILE.png [--num-buckets 32 --max-distance 128 --heads 8 --model DIR]
     posenc plot alibi --out FILE.png [--heads 16]
-    posenc config PATH_OR_NAME  rope type, rotary dim, attention factor, inv_freq table
+    posenc config PATH_OR_NAME  rope type, rotary dim, attention factor, inv_freq table (and, for MRoPE,
+                                the position axis of each pair)
 """
 from __future__ import annotations
 
@@ -52,6 +53,16 @@ def _describe_one(cfg: "RopeConfig", title: str) -> list[str]:
     lines.append(f"  head dim           {cfg.head_dim}")
     lines.append(f"  rotary dim         {cfg.rotary_dim} (partial_rotary_factor {cfg.partial_rotary_factor:g})")
     lines.append(f"  pairing            {pairing}")
+    axes = cfg.pair_axes
+    if axes is not None:
+        axis_names = axis_labels(cfg.num_axes)
+        kind = "round-robin within the sections (Qwen3-VL)" if cfg.mrope_interleaved else "contiguous sections"
+        names = " (time, height, width)" if cfg.num_axes == 3 else ""
+        lines.append(f"  axis layout        {cfg.num_axes} position axes {', '.join(axis_names)}{names}: sections "
+                     f"{list(cfg.mrope_section)}, {kind}")
+        row = "".join(axis_names[a] for a in axes)
+        groups = " ".join(row[i:i + 16] for i in range(0, len(row), 16))
+        lines.append(f"  pair -> axis       {groups}  (pair 0 first)")
     lines.append(f"  base (rope_theta)  {cfg.base:g}")
     if cfg.max_position_embeddings is not None:
         lines.append(f"  max positions      {cfg.max_position_embeddings}")
@@ -79,8 +90,9 @@ def _describe_one(cfg: "RopeConfig", title: str) -> list[str]:
     n = scaled.shape[0]
     lines.append(f"  inv_freq (float64, {n} pairs)")
     lines.append(f"    {'pair':>4s}  {'default':>13s}  {'scaled':>13s}  {'scaled/default':>14s}  {'wavelength':>11s}"
-                 + ("  regime" if regimes else ""))
-    shown = sorted(set(range(min(4, n))) | set(range(max(0, n - 4), n)) | _boundary_pairs(regimes))
+                 + ("  axis" if axes is not None else "") + ("  regime" if regimes else ""))
+    shown = sorted(set(range(min(4, n))) | set(range(max(0, n - 4), n)) | _boundary_pairs(regimes)
+                   | _boundary_pairs(list(axes) if axes is not None and not cfg.mrope_interleaved else None))
     prev = -1
     for i in shown:
         if i != prev + 1:
@@ -88,13 +100,20 @@ def _describe_one(cfg: "RopeConfig", title: str) -> list[str]:
         d_i, s_i = float(default[i]), float(scaled[i])
         ratio = f"{s_i / d_i:14.6f}" if d_i != 0 else f"{'-':>14s}"
         wl = f"{2 * math.pi / s_i:11.4g}" if s_i != 0 else f"{'inf':>11s}"
-        lines.append(f"    {i:4d}  {d_i:13.6e}  {s_i:13.6e}  {ratio}  {wl}" + (f"  {regimes[i]}" if regimes else ""))
+        lines.append(f"    {i:4d}  {d_i:13.6e}  {s_i:13.6e}  {ratio}  {wl}"
+                     + (f"  {axis_names[axes[i]]:>4s}" if axes is not None else "") + (f"  {regimes[i]}" if regimes else ""))
         prev = i
     return lines
 
 
-def _boundary_pairs(regimes: Optional[list[str]]) -> set[int]:
-    """Pairs on either side of each regime change (where YaRN/Llama-3 start and stop blending)."""
+def axis_labels(num_axes: int) -> list[str]:
+    """Names of the position axes of an axis layout: T, H, W for MRoPE's three, else 0, 1, ..."""
+    return ["T", "H", "W"] if num_axes == 3 else [str(a) for a in range(num_axes)]
+
+
+def _boundary_pairs(regimes: Optional[list]) -> set[int]:
+    """Pairs on either side of each regime change (where YaRN/Llama-3 start and stop blending, where
+    an MRoPE section ends)."""
     if not regimes:
         return set()
     out: set[int] = set()

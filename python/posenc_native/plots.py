@@ -46,8 +46,10 @@ def _rope_score_curve(cfg, distances: torch.Tensor, seq_len=None) -> torch.Tenso
 def plot_rope(source: str, out: str) -> str:
     """RoPE figure for ``posenc plot rope --config SOURCE``: default vs scaled frequency per pair, the
     per-pair scaling (YaRN's ramp, Llama-3's smoothing), and the dot product of a fixed q, k against
-    relative distance (default vs scaled). ``source``: a config.json, a directory with one, or a
-    preset name; for per-layer-type configs the full-attention (else first) layer type is drawn."""
+    relative distance (default vs scaled; text positions, the same on every axis of an MRoPE layout,
+    whose pairs the first panel colours by position axis). ``source``: a config.json, a directory
+    with one, or a preset name; for per-layer-type configs the full-attention (else first) layer
+    type is drawn."""
     import dataclasses
     import math
 
@@ -70,10 +72,22 @@ def plot_rope(source: str, out: str) -> str:
     fig, axes = plt.subplots(1, 3, figsize=(17, 5))
     ax = axes[0]
     ax.semilogy(pairs, default, "o-", ms=3, label="default")
-    ax.semilogy(pairs, scaled, "s-", ms=3, label=f"{cfg.rope_type}" + (f" (seq_len {seq_len})" if seq_len else ""))
+    label = f"{cfg.rope_type}" + (f" (seq_len {seq_len})" if seq_len else "")
+    if cfg.pair_axes is None:
+        ax.semilogy(pairs, scaled, "s-", ms=3, label=label)
+        ax.set_title("frequencies per pair")
+    else:  # MRoPE / axial: each pair's marker coloured by the position axis it reads
+        from .cli import axis_labels
+
+        names = axis_labels(cfg.num_axes)
+        ax.semilogy(pairs, scaled, "-", lw=0.6, c="gray")
+        for a, name in enumerate(names):
+            idx = [i for i, axis in enumerate(cfg.pair_axes) if axis == a]
+            ax.semilogy(idx, scaled[idx], "s", ms=4, color=f"C{a + 1}",
+                        label=f"{label}, axis {name} ({len(idx)} pairs)")
+        ax.set_title("frequencies per pair (colour: position axis)")
     ax.set_xlabel("pair i")
     ax.set_ylabel("inv_freq (rad / position)")
-    ax.set_title("frequencies per pair")
     ax.legend()
 
     ax = axes[1]
@@ -84,6 +98,17 @@ def plot_rope(source: str, out: str) -> str:
         ax.axvline(lo, ls="--", c="gray")
         ax.axvline(hi, ls="--", c="gray")
         ax.set_title(f"YaRN ramp: lo={lo:g}, hi={hi:g}")
+    elif cfg.pair_axes is not None and cfg.rope_type == "default":  # nothing scaled: show the axis layout
+        from .cli import axis_labels
+
+        names = axis_labels(cfg.num_axes)
+        for a, name in enumerate(names):
+            idx = [i for i, axis in enumerate(cfg.pair_axes) if axis == a]
+            ax.plot(idx, [a] * len(idx), "s", ms=4, color=f"C{a + 1}", label=f"axis {name}")
+        ax.set_yticks(range(len(names)), names)
+        ax.set_ylim(-0.5, len(names) + 0.3)  # room for the legend above the rows
+        kind = "round-robin" if cfg.mrope_interleaved else "contiguous"
+        ax.set_title(f"position axis of each pair ({kind} sections {list(cfg.mrope_section)})")
     else:
         ratio = [s / d if d else float("nan") for s, d in zip(scaled.tolist(), default.tolist())]
         ax.plot(pairs, ratio, "o-", ms=3, label="scaled / default")
@@ -103,7 +128,8 @@ def plot_rope(source: str, out: str) -> str:
     ax.set_title(f"RoPE score vs distance (attention factor {cfg.attention_factor:.4g})")
     ax.legend()
     fig.suptitle(f"{source}: {cfg.rope_type}, rotary dim {cfg.rotary_dim}, base {cfg.base:g}"
-                 + (f", layer type {layer_type}" if layer_type else ""))
+                 + (f", layer type {layer_type}" if layer_type else "")
+                 + ("" if cfg.mrope_section is None else f", MRoPE sections {list(cfg.mrope_section)}"))
     return _save(plt, fig, out)
 
 

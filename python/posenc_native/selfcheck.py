@@ -85,6 +85,36 @@ def _rope_inplace(device: str, dtype: torch.dtype) -> float:
     return _rope_error(q, k, qd, kd, positions, cfg)
 
 
+def _mrope_config(interleaved: bool):
+    """MRoPE of a Qwen2-VL (contiguous T | H | W sections) or Qwen3-VL (round-robin) text model."""
+    from .config import RopeConfig
+
+    return RopeConfig(head_dim=128, base=1000000.0, mrope_section=(24, 20, 20) if interleaved else (16, 24, 24),
+                      mrope_interleaved=interleaved)
+
+
+def _mrope_inputs(device: str, dtype: torch.dtype, seed: int):
+    q, k, _ = _rope_inputs(device, dtype, seed)
+    q, k = torch.cat([q, q.flip(-1)], -1), torch.cat([k, k.flip(-1)], -1)  # head_dim 128
+    g = torch.Generator().manual_seed(seed)
+    return q, k, torch.randint(0, 1 << 16, (3, 2, 37), generator=g)  # time, height, width rows differ
+
+
+def _mrope(device: str, dtype: torch.dtype) -> float:
+    cfg = _mrope_config(False)
+    q, k, positions = _mrope_inputs(device, dtype, 8)
+    q_out, k_out = ops.apply_rope(q.to(device), k.to(device), positions.to(device), config=cfg)
+    return _rope_error(q, k, q_out, k_out, positions, cfg)
+
+
+def _mrope_inplace(device: str, dtype: torch.dtype) -> float:
+    cfg = _mrope_config(True)
+    q, k, positions = _mrope_inputs(device, dtype, 9)
+    qd, kd = q.to(device, copy=True), k.to(device, copy=True)
+    ops.apply_rope_(qd, kd, positions.to(device), config=cfg)
+    return _rope_error(q, k, qd, kd, positions, cfg)
+
+
 def _apply_rotary_pos_emb(device: str, dtype: torch.dtype) -> float:
     cfg = _yarn_config()
     q, k, positions = _rope_inputs(device, dtype, 4)
@@ -145,6 +175,8 @@ CASES: list[tuple[str, Callable[[str, torch.dtype], float]]] = [
     ("add_sinusoidal", _add_sinusoidal),
     ("rope (yarn)", _rope),
     ("rope_ in place (yarn)", _rope_inplace),
+    ("rope (mrope, qwen2-vl)", _mrope),
+    ("rope_ in place (qwen3-vl)", _mrope_inplace),
     ("apply_rotary_pos_emb", _apply_rotary_pos_emb),
     ("relative_position_bias", _relative_position_bias),
     ("relative_position_bias bwd", _relative_position_bias_grad),

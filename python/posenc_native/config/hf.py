@@ -2,6 +2,7 @@
 in the 4.x (``rope_theta``/``rope_scaling``) and 5.x (``rope_parameters``, per layer type) forms."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -11,7 +12,7 @@ from .presets import PRESETS
 from .rope_config import RopeConfig
 from .scheme import scaling_from_dict, scheme_class
 
-__all__ = ["load_hf_dict", "hf_layer_types", "rope_config_from_hf"]
+__all__ = ["load_hf_dict", "hf_layer_types", "rope_config_from_hf", "interleaved_mrope_section"]
 
 
 def rope_config_from_hf(cfg: Any, layer_type: Optional[str] = None, interleaved: Optional[bool] = None
@@ -54,13 +55,51 @@ _PRF_DEFAULTS = {
 }
 
 
+# MRoPE (multimodal RoPE: every token has (time, height, width) position ids and each pair takes its
+# angle from one of them). Model types whose text rotary module is MRoPE in transformers, with the
+# section it uses when the config omits ``mrope_section`` and its pair layout: Qwen2-VL and Qwen2.5-VL
+# split the pairs into contiguous T | H | W sections (modeling_qwen2_vl.Qwen2VLRotaryEmbedding);
+# Qwen3-VL (and its MoE) and Qwen3.5 assign them round-robin T, H, W (Qwen3VLTextRotaryEmbedding),
+# whatever the config's ``mrope_interleaved`` says: their rotary modules do not read the flag. Other
+# model types: the layout the config states (``mrope_section``, ``mrope_interleaved``).
+_MROPE_DEFAULTS: dict[str, tuple[tuple[int, ...], bool]] = {
+    **dict.fromkeys(("qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text"), ((16, 24, 24), False)),
+    **dict.fromkeys(("qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text"), ((24, 20, 20), True)),
+    **dict.fromkeys(("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"), ((11, 11, 10), True)),
+}
+
+
+def _mrope_section(value: Any) -> tuple[int, ...]:
+    if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
+        raise ValueError(f"'mrope_section' must be a list of ints (pairs per T/H/W axis), got {value!r}")
+    out = tuple(value)
+    if not out or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in out):
+        raise ValueError(f"'mrope_section' must be a list of ints >= 0 (pairs per T/H/W axis), got {value!r}")
+    return out
+
+
+def interleaved_mrope_section(section: tuple[int, ...], pairs: int) -> tuple[int, ...]:
+    """The section that transformers' interleaved MRoPE (Qwen3-VL) actually uses on ``pairs`` pairs.
+
+    Its rotary module starts from axis 0 everywhere and gives pair ``j`` to axis ``a >= 1`` when
+    ``j % 3 == a`` and ``j < 3 * section[a]``: section[0] is never read and a section that does not sum
+    to ``pairs`` is cut (or axis 0 takes the rest). Counting each axis's pairs gives a section that sums
+    to ``pairs`` and makes the same assignment under that rule (``_rope_math.mrope_pair_axes``)."""
+    if len(section) != 3:
+        raise ValueError(f"interleaved 'mrope_section' must have 3 entries (T, H, W), got {list(section)}")
+    hw = [len(range(a, min(pairs, 3 * section[a]), 3)) for a in (1, 2)]
+    return (pairs - sum(hw), *hw)
+
+
 class _HFSource:
     """Uniform read access to a PretrainedConfig object or a config.json dict."""
 
-    def __init__(self, obj: Any, is_dict: bool, head_dim_override: Optional[int] = None) -> None:
+    def __init__(self, obj: Any, is_dict: bool, head_dim_override: Optional[int] = None,
+                 parent_model_type: str = "") -> None:
         self.obj = obj
         self.is_dict = is_dict
         self.head_dim_override = head_dim_override
+        self.parent_model_type = parent_model_type  # a composite config's, for a text config without one
 
     @classmethod
     def make(cls, cfg: Any, layer_type: Optional[str]) -> "_HFSource":
@@ -70,9 +109,11 @@ class _HFSource:
             d = dict(cfg)
             rope_keys = ("rope_parameters", "rope_scaling", "rope_theta", "num_attention_heads", "hidden_size",
                          "head_dim")
+            parent = ""
             if isinstance(d.get("text_config"), Mapping) and not any(k in d for k in rope_keys):
+                parent = str(d.get("model_type") or "")
                 d = dict(d["text_config"])  # composite (multimodal) config: the text model's rope
-            return cls(d, True, _dict_layer_head_dim(d, layer_type))
+            return cls(d, True, _dict_layer_head_dim(d, layer_type), parent)
         if not hasattr(cfg, "__dict__"):
             raise ValueError(f"from_hf expects a transformers config, a dict or a path, got {type(cfg).__name__}")
         obj = cfg
@@ -103,7 +144,7 @@ class _HFSource:
         return default
 
     def model_type(self) -> str:
-        return str(self.get("model_type", default="") or "")
+        return str(self.get("model_type", default="") or self.parent_model_type)
 
     def head_dim(self) -> int:
         if self.head_dim_override is not None:
@@ -156,6 +197,10 @@ class _HFSource:
     def rope_config(self, layer_type: Optional[str], interleaved: Optional[bool]) -> RopeConfig:
         """The RopeConfig of one layer type (see :meth:`RopeConfig.from_hf`)."""
         params = self.rope_params(layer_type)
+        mrope_type = (params.get("rope_type") or params.get("type")) == "mrope"
+        if mrope_type:  # transformers' Qwen2-VL config: 4.x "mrope" is default RoPE with sections
+            params = {k: v for k, v in params.items() if k != "type"}
+            params["rope_type"] = "default"
         scheme = scheme_class(params.get("rope_type") or params.get("type") or "default")
         head_dim = self.head_dim()
         max_pos = self.get("max_position_embeddings", "n_positions", "max_sequence_length")
@@ -183,9 +228,35 @@ class _HFSource:
         if interleaved is None:
             flag = self.get("rope_interleave")
             interleaved = bool(flag) if flag is not None else self.model_type() in _INTERLEAVED_MODEL_TYPES
-        return RopeConfig(head_dim=head_dim, base=base, interleaved=interleaved, rotary_dim=rotary_dim,
+        rope = RopeConfig(head_dim=head_dim, base=base, interleaved=interleaved, rotary_dim=rotary_dim,
                           partial_rotary_factor=prf, max_position_embeddings=max_pos,
                           scaling=scaling_from_dict(params))
+        section, mrope_interleaved = self.mrope(params, mrope_type, rope.rotary_dim // 2)
+        if section is None:
+            return rope
+        return dataclasses.replace(rope, mrope_section=section, mrope_interleaved=mrope_interleaved)
+
+    def mrope(self, params: Mapping[str, Any], mrope_type: bool, pairs: int) -> tuple[Optional[tuple[int, ...]], bool]:
+        """The MRoPE layout ``(mrope_section, mrope_interleaved)`` of the text rotary, ``(None, False)``
+        for plain RoPE (see :data:`_MROPE_DEFAULTS`)."""
+        known = _MROPE_DEFAULTS.get(self.model_type())
+        raw = params.get("mrope_section")
+        if known is None and raw is None:
+            if mrope_type:
+                raise ValueError("rope_type 'mrope' needs 'mrope_section' (pairs per T/H/W axis) in "
+                                 "rope_parameters / rope_scaling")
+            return None, False
+        section = known[0] if raw is None else _mrope_section(raw)
+        if known is not None:
+            interleaved = known[1]
+        else:
+            flag = params.get("mrope_interleaved", False)
+            if not isinstance(flag, bool):
+                raise ValueError(f"'mrope_interleaved' must be true or false, got {flag!r}")
+            interleaved = flag
+        if interleaved and sum(section) != pairs:  # what transformers' round robin makes of it on these pairs
+            section = interleaved_mrope_section(section, pairs)
+        return section, interleaved
 
 
 def _dict_layer_head_dim(d: Mapping[str, Any], layer_type: Optional[str]) -> Optional[int]:

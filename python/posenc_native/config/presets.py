@@ -54,6 +54,19 @@ PRESETS: dict[str, dict] = {
             "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0},
         },
     },
+    "qwen2.5-vl-7b-like": {  # 4.x form: MRoPE in rope_scaling, contiguous T | H | W sections
+        "model_type": "qwen2_5_vl", "hidden_size": 3584, "num_attention_heads": 28, "num_key_value_heads": 4,
+        "max_position_embeddings": 128000, "rope_theta": 1000000.0,
+        "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+    },
+    "qwen3-vl-8b-like": {  # a text_config; MRoPE interleaved round-robin T, H, W
+        "model_type": "qwen3_vl",
+        "text_config": {
+            "model_type": "qwen3_vl_text", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "head_dim": 128, "max_position_embeddings": 262144, "rope_theta": 5000000,
+            "rope_scaling": {"rope_type": "default", "mrope_section": [24, 20, 20], "mrope_interleaved": True},
+        },
+    },
     "gptj-6b-like": {
         "model_type": "gptj", "n_embd": 4096, "n_head": 16, "rotary_dim": 64, "n_positions": 2048,
     },

@@ -16,8 +16,11 @@ forward) and every layer type it serves:
    cos/sin are formed, from what the code does rather than from its name. Heads are probed at the
    rotated width and wider, so "rotates the first R dims" and "is handed the R-dim slice" differ.
 
-Refused too: rotary modules that fold per-axis position ids (``[axes, B, S]``, M-RoPE), and
-forwards that do arithmetic on ``cos``/``sin`` themselves (a handle cannot stand in there).
+Rotary modules that fold per-axis position ids ``[axes, B, S]`` into one table (MRoPE: Qwen2-VL,
+Qwen2.5-VL, Qwen3-VL) are swapped when :meth:`RopeConfig.from_hf` reads an MRoPE layout from their
+config: the probe then feeds rows that differ per axis, so the pair -> axis map is proven too. Refused:
+such modules without a layout from_hf reads, and forwards that do arithmetic on ``cos``/``sin``
+themselves (a handle cannot stand in there).
 
 The pairing is proven per (rotary module, function) and travels with the handle, so a function
 only ever rotates with a pairing proven for the module that fed it (else it refuses, loudly). A
@@ -38,6 +41,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
+from ..._rope_math import axis_inv_freq
 from ...config import RopeConfig
 from .families import PAIRINGS, Pairing
 from .rotations import RotationSpec, _deinterleave, original_of, signature_params
@@ -67,8 +71,12 @@ class Plan:
         lines = [f"model type {self.model_type!r}:"]
         for r in self.rotaries:
             for lt, g in r.regimes.items():
+                mrope = g.rope.mrope_section
+                layout = "" if mrope is None else (f", MRoPE sections {list(mrope)} "
+                                                   f"({'interleaved' if g.rope.mrope_interleaved else 'contiguous'})")
                 lines.append(f"  swap {r.path} ({type(r.module).__name__}){'' if lt is None else f' [{lt}]'}: "
-                             f"{g.rope_type}, rotary_dim {g.rotary_dim}, attention_factor {g.attention_factor:g}")
+                             f"{g.rope_type}, rotary_dim {g.rotary_dim}, attention_factor {g.attention_factor:g}"
+                             + layout)
                 for (mod, name), pairing in g.routes.items():
                     lines.append(f"    through {mod.rsplit('.', 1)[-1]}.{name}: {pairing.name}")
         lines += [f"  leave {s}" for s in self.skipped]
@@ -220,9 +228,14 @@ def _regimes(model: nn.Module, path: str, hf_rotary: nn.Module, check: bool) -> 
         if 2 * int(buf.shape[-1]) != rope.rotary_dim:
             raise ValueError(f"{_ERR}: {where}: RopeConfig.from_hf gives rotary_dim {rope.rotary_dim} but the model "
                              f"rotates {2 * int(buf.shape[-1])} dims")
-        if _multi_axis(hf_rotary, lt):
+        multi_axis = _multi_axis(hf_rotary, lt)
+        if multi_axis and rope.mrope_section is None:
             raise UnsupportedModelError("it takes position ids per axis ([axes, batch, seq]: multimodal rope "
-                                        "sections), which the fused kernel does not")
+                                        "sections), but RopeConfig.from_hf reads no MRoPE layout (mrope_section) "
+                                        "from its config")
+        if rope.mrope_section is not None and not multi_axis:
+            raise UnsupportedModelError(f"RopeConfig.from_hf reads an MRoPE layout (mrope_section "
+                                        f"{rope.mrope_section}) from its config, but it takes one row of position ids")
         regime = Regime(rope, rope_type, rope.interleaved, hf_rotary, lo)
         if check:
             _check_regime(cfg, hf_rotary, lt, rope, regime, where)
@@ -243,26 +256,33 @@ def _kind(params: tuple[str, ...]) -> Optional[str]:
 
 
 @torch.no_grad()
-def _probe_one(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.Module, lt: Optional[str]
-               ) -> Optional[Pairing]:
+def _probe_one(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.Module, lt: Optional[str],
+               rope: RopeConfig) -> Optional[Pairing]:
     """The pairing under which the fused kernel reproduces ``fn`` fed by ``hf_rotary`` (None: none does).
 
     Heads are probed as wide as the rotated part and 8 dims wider: a function that matches only at
     the rotated width (it is handed the rotary slice, as DeepSeek's MLA does) gets a pairing that
-    refuses wider inputs at run time rather than rotate the wrong dims."""
+    refuses wider inputs at run time rather than rotate the wrong dims. With an axis layout (MRoPE)
+    positions have one row per axis, each row different, and the kernel gets the module's own
+    frequencies laid out by ``rope.pair_axes``: a match proves the pair -> axis map."""
     probe = copy.deepcopy(hf_rotary)  # the module's dynamic state must not move
     device = _attr(probe, lt, "inv_freq").device
     g = torch.Generator().manual_seed(1234)
     batch, seq = 2, 7
-    pos = torch.randint(0, 60, (batch, seq), generator=g).to(device)
+    axes = (rope.num_axes,) if rope.mrope_section is not None else ()
+    pos = torch.randint(0, 60, (*axes, batch, seq), generator=g).to(device)
     x = torch.zeros(batch, seq, 8, device=device)
     try:
         cos, sin = probe(x, pos) if lt is None else probe(x, pos, lt)
     except Exception:  # noqa: BLE001 - any failure means "not of the supported shape"
         return None
     inv_freq = _attr(probe, lt, "inv_freq").to(torch.float64)
-    af = float(_attr(probe, lt, "attention_scaling") or 1.0)
     rotary_dim = 2 * inv_freq.shape[-1]
+    if axes:
+        if rotary_dim != rope.rotary_dim:
+            return None
+        inv_freq = axis_inv_freq(inv_freq, rope.pair_axes, rope.num_axes)
+    af = float(_attr(probe, lt, "attention_scaling") or 1.0)
     layouts = (1, 2) if "unsqueeze_dim" in params else (1,)
 
     def matches(pairing: Pairing, head_dim: int) -> bool:
@@ -349,7 +369,7 @@ def plan(model: nn.Module, model_type: str, check: bool) -> Plan:
         specs[(mod, name)] = RotationSpec(kind, params)
         for path, hf_rotary, regimes in candidates:
             for lt, regime in regimes.items():
-                pairing = _probe_one(fn, kind, params, hf_rotary, lt)
+                pairing = _probe_one(fn, kind, params, hf_rotary, lt, regime.rope)
                 if pairing is not None:
                     proven.setdefault((mod, name), {})[(path, lt)] = pairing
                 elif type(hf_rotary).__module__ == mod:

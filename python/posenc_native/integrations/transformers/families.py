@@ -14,8 +14,9 @@ families *within* that path is data, listed here once:
   one regime per layer type, read with ``RopeConfig.from_hf(config, layer_type=...)``.
 
 An entry in :data:`FAMILIES` is needed only where a family does not route rotation through a
-model-level rotary module (GPT-J: a per-attention sin/cos table), or where another integration
-module handles it (:data:`DELEGATES`).
+model-level rotary module (GPT-J: a per-attention sin/cos table), where only part of the model is
+patched (vision-language models: the text decoder, :func:`text_decoder`), or where another
+integration module handles it (:data:`DELEGATES`).
 """
 from __future__ import annotations
 
@@ -51,12 +52,18 @@ PAIRINGS = (
 )
 
 
-def generic(model: nn.Module, record: "PatchRecord", check: bool) -> None:
-    """Any family with a model-level ``*RotaryEmbedding`` and ``apply_rotary_pos_emb``-like functions."""
+def generic(model: nn.Module, record: "PatchRecord", check: bool, path: str = "") -> None:
+    """Any family with a model-level ``*RotaryEmbedding`` and ``apply_rotary_pos_emb``-like functions;
+    with ``path``, only in that submodule (the rest of the model is left alone)."""
     from .detect import plan
     from .runtime import PosencRotaryEmbedding
 
-    p = plan(model, record.model_type, check)
+    part = model.get_submodule(path) if path else model
+    p = plan(part, record.model_type, check)
+    if path:
+        for r in p.rotaries:
+            r.path = f"{path}.{r.path}"
+        p.skipped.append(f"everything outside {path} ({type(part).__name__}), the vision tower included")
     record.notes = p.describe()
     for (module_name, name), spec in p.rotations.items():
         record.route(module_name, name, spec)
@@ -147,6 +154,33 @@ def gptj(model: nn.Module, record: "PatchRecord", check: bool) -> None:
         record.override(model, name, _GPTJ_OVERRIDE, rotary)
 
 
+# --------------------------------------------------------------------------------------------
+# Vision-language models whose vision tower has a rotary embedding of its own (Qwen2-VL, Qwen2.5-VL,
+# Qwen3-VL): the text decoder (MRoPE, [3, B, S] position ids) is patched by the generic path run on
+# it alone, and the vision tower keeps its own rotary path. Run over the whole model, detection would
+# probe the vision attention's rotation function (same modeling module) with the text rotary's
+# cos/sin, which it is never fed, and refuse.
+
+
+def _text_decoder_path(model: nn.Module) -> str:
+    """Path of the submodule that is the text model (its config is the model's text config)."""
+    from transformers import PreTrainedModel
+
+    text_config = model.config.get_text_config()
+    if text_config is model.config:
+        return ""
+    for name, m in model.named_modules():  # outermost first
+        if name and isinstance(m, PreTrainedModel) and getattr(m, "config", None) is text_config:
+            return name
+    raise UnsupportedModelError(f"{_ERR}: found no text model (a submodel holding the text config) in "
+                                f"{type(model).__name__}; this transformers version's layout is not supported")
+
+
+def text_decoder(model: nn.Module, record: "PatchRecord", check: bool) -> None:
+    """Patch the text decoder of a vision-language model; leave its vision tower as it is."""
+    generic(model, record, check, _text_decoder_path(model))
+
+
 @dataclass(frozen=True)
 class Family:
     """How one family is patched: ``patch(model, record, check)`` fills the record (what it swaps)."""
@@ -158,6 +192,8 @@ GENERIC = Family(generic)
 
 FAMILIES: dict[str, Family] = {
     "gptj": Family(gptj),
+    **{t: Family(text_decoder) for t in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe",
+                                         "glm4v", "glm4v_moe", "glm_ocr")},
 }
 
 # model_type -> module of another integration with patch(model, check=) / unpatch(model) of its own

@@ -34,17 +34,20 @@ class RotaryPositions:
     """Positions and frequencies of one forward pass: what a patched model passes where transformers
     passes ``(cos, sin)``. The rotation itself happens in :meth:`rotate` (one fused kernel)."""
 
-    __slots__ = ("positions", "inv_freq", "attention_factor", "interleaved", "routes")
+    __slots__ = ("positions", "inv_freq", "attention_factor", "interleaved", "routes", "pair_axes")
 
     def __init__(self, positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float, interleaved: bool,
-                 routes: Optional[dict] = None):
+                 routes: Optional[dict] = None, pair_axes: Optional[tuple[int, ...]] = None):
         self.positions = positions
+        # [rotary_dim / 2], or for an axis layout (MRoPE) the ops' [axes, rotary_dim / 2] form
+        # (RopeConfig.op_inv_freq_on); positions are then [axes, B, S] (or [B, S]: the same id on every axis)
         self.inv_freq = inv_freq
         self.attention_factor = float(attention_factor)
         self.interleaved = bool(interleaved)
         # (module, function) -> Pairing proven for it at patch time; a rotation function not in here
         # refuses the handle rather than guess
         self.routes = routes or {}
+        self.pair_axes = pair_axes  # RopeConfig.pair_axes of an axis layout, for cos_sin
 
     def rotate(self, q: torch.Tensor, k: Optional[torch.Tensor] = None, layout: str = "bhsd",
                interleaved: Optional[bool] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -62,12 +65,19 @@ class RotaryPositions:
 
     def cos_sin(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """transformers-style ``(cos, sin)`` ``[B, S, rotary_dim]`` (for code that needs the tensors)."""
-        return cos_sin_from_angles(rope_angles(self.positions, self.inv_freq), self.attention_factor,
-                                   self.interleaved, dtype)
+        if self.pair_axes is None:
+            angles = rope_angles(self.positions, self.inv_freq)
+        else:  # one non-zero frequency per pair: the column sums are the frequencies, exactly
+            pos = self.positions
+            if pos.dim() == 2:
+                pos = pos.expand(self.inv_freq.shape[0], *pos.shape)
+            angles = rope_angles(pos, self.inv_freq.sum(0), self.pair_axes)
+        return cos_sin_from_angles(angles, self.attention_factor, self.interleaved, dtype)
 
     def __repr__(self) -> str:
         return (f"RotaryPositions(positions={tuple(self.positions.shape)}, rotary_dim={2 * self.inv_freq.shape[-1]}, "
-                f"attention_factor={self.attention_factor:g}, interleaved={self.interleaved})")
+                f"attention_factor={self.attention_factor:g}, interleaved={self.interleaved}"
+                + ("" if self.pair_axes is None else f", axes={self.inv_freq.shape[0]}") + ")")
 
 
 class Regime:
@@ -98,6 +108,9 @@ class Regime:
                     f"{_ERR}: RopeConfig says rope_type {rope_type!r} depends on the sequence length, but "
                     "transformers only updates frequencies for 'dynamic' and 'longrope'")
             self.mode = "static"
+        if rope.mrope_section is not None and self.mode != "static":
+            raise UnsupportedModelError(f"{_ERR}: MRoPE with {rope_type!r} frequencies (they follow the sequence "
+                                        "length) is not supported")
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -125,8 +138,16 @@ class Regime:
                 self.max_seq_len_cached = self.original_max_seq_len
             return self.max_seq_len_cached
 
+    @property
+    def num_axes(self) -> int:
+        """Position rows the rotation reads (3 for MRoPE's time, height, width; 1 for plain RoPE)."""
+        return self.rope.num_axes
+
     def handle(self, position_ids: torch.Tensor, device: torch.device) -> RotaryPositions:
         # frequencies come from the config's own per-(device, regime) cache (RopeConfig.inv_freq_on)
+        if self.rope.mrope_section is not None:  # static (see __init__), in the ops' axis form
+            return RotaryPositions(position_ids, self.rope.op_inv_freq_on(device), self.attention_factor,
+                                   self.interleaved, self.routes, self.rope.pair_axes)
         if self.mode == "static":
             inv_freq = self.rope.inv_freq_on(device)
         elif self.mode == "dynamic":
@@ -170,6 +191,9 @@ class PosencRotaryEmbedding(nn.Module):
     def extra_repr(self) -> str:
         return ", ".join(f"{lt or 'all'}: {r.rope_type}, rotary_dim={r.rotary_dim}, "
                          f"attention_factor={r.attention_factor:g}, interleaved={r.interleaved}"
+                         + ("" if r.rope.mrope_section is None else
+                            f", mrope_section={list(r.rope.mrope_section)}, "
+                            f"mrope_interleaved={r.rope.mrope_interleaved}")
                          for lt, r in self.regimes.items())
 
     def forward(self, x: torch.Tensor, position_ids: Optional[torch.Tensor] = None, layer_type: Optional[str] = None):
@@ -180,8 +204,15 @@ class PosencRotaryEmbedding(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(x.shape[1], device=x.device)[None]
         elif position_ids.dim() > 2:
-            raise UnsupportedModelError(f"{_ERR}: position_ids of shape {tuple(position_ids.shape)} (multimodal "
-                                        "rope sections?) are not supported by the patched rotary embedding")
+            axes = regime.num_axes
+            if axes == 1 or position_ids.dim() != 3 or position_ids.shape[0] not in (1, axes):
+                raise UnsupportedModelError(
+                    f"{_ERR}: position_ids of shape {tuple(position_ids.shape)} "
+                    + ("(multimodal rope sections?) are not supported by the patched rotary embedding" if axes == 1
+                       else f"do not match its MRoPE layout: expected [{axes}, batch, seq] (one row per axis) or "
+                            "[batch, seq]"))
+            if position_ids.shape[0] == 1 and axes != 1:
+                position_ids = position_ids[0]  # transformers expands one row to every axis
         handle = regime.handle(position_ids, x.device)
         return handle, handle  # unpacked by the attention forward as `cos, sin`
 

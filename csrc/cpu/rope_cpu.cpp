@@ -74,8 +74,9 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
   };
   if (p.inv_freq) {  // angles from frequencies, once per token, advanced along consecutive positions
     SinCosStream<M> angles(p.inv_freq, pairs, static_cast<M>(p.attention_factor), p.n_axes);
-    const auto position_of = [&](int64_t t, int64_t a) {
-      return static_cast<double>(p.position(t / p.seq, t % p.seq, a));
+    const auto position_of = [&](int64_t t, double* out) {  // every axis of token t
+      const int64_t b = t / p.seq, s = t % p.seq;
+      for (int64_t a = 0; a < p.n_axes; ++a) out[a] = static_cast<double>(p.position(b, s, a));
     };
     for (int64_t t = begin; t < end; ++t) {
       angles.at(t, position_of);

@@ -34,7 +34,7 @@ class SinCosStream {
         current_(n_axes), replay_(n_axes), before_(n_axes), step_ready_(n_axes + 1, 0) {}
 
   // Fills sin() and cos() for row `row`: position_of(row) gives a row's position as a double, or,
-  // with several axes, position_of(row, axis). A consumer that can read float64 rows passes
+  // with several axes, position_of(row, out) writes its n_axes positions to out. A consumer that can read float64 rows passes
   // math_rows = false: a row that was not computed directly then stays in state_sin()/state_cos()
   // (from_state() is true), which saves a pass.
   template <typename PositionOf>
@@ -67,8 +67,8 @@ class SinCosStream {
  private:
   template <typename PositionOf>
   void positions_of(const PositionOf& position_of, int64_t row, std::vector<double>& out) const {
-    if constexpr (std::is_invocable_v<PositionOf, int64_t, int64_t>) {
-      for (int64_t a = 0; a < n_axes_; ++a) out[a] = static_cast<double>(position_of(row, a));
+    if constexpr (std::is_invocable_v<PositionOf, int64_t, double*>) {
+      position_of(row, out.data());
     } else {
       out[0] = static_cast<double>(position_of(row));
     }

@@ -21,13 +21,7 @@ class SinCosStream {
   static constexpr int kDirectEvery = 64;
 
   SinCosStream(const double* freq, int64_t n, M amplitude)
-      : freq_(freq), n_(n), amplitude_(amplitude), sin_(n), cos_(n), sin_state_(n), cos_state_(n), step_sin_(n),
-        step_cos_(n) {
-    for (int64_t i = 0; i < n; ++i) {
-      step_sin_[i] = std::sin(freq[i]);
-      step_cos_[i] = std::cos(freq[i]);
-    }
-  }
+      : freq_(freq), n_(n), amplitude_(amplitude), sin_(n), cos_(n), sin_state_(n), cos_state_(n) {}
 
   // Fills sin() and cos() for row `row` (position_of(row) gives a row's position as a double). A
   // consumer that can read float64 rows passes math_rows = false: a row that was not computed
@@ -90,6 +84,16 @@ class SinCosStream {
   }
 
   void advance(bool math_rows) {
+    // The steps' sin/cos (two libm calls per frequency, about 2 us for 64 pairs) only once a row
+    // is advanced: a decode step (one token, or every row at one position) never needs them.
+    if (step_sin_.empty()) {
+      step_sin_.resize(n_);
+      step_cos_.resize(n_);
+      for (int64_t i = 0; i < n_; ++i) {
+        step_sin_[i] = std::sin(freq_[i]);
+        step_cos_[i] = std::cos(freq_[i]);
+      }
+    }
     if (math_rows) {
       advance_sincos_row<true>(sin_state_.data(), cos_state_.data(), step_sin_.data(), step_cos_.data(), n_,
                                amplitude_, sin_.data(), cos_.data());

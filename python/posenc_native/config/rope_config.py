@@ -26,6 +26,10 @@ class DeviceFrequencies:
         self._config = config
         self._entries: dict = {}
         self._lock = threading.Lock()
+        # (inv_freq, attention_factor, interleaved, head_dim) on the CPU once cached there, for a
+        # config whose frequencies do not depend on the sequence length: all the ops' decode fast
+        # path reads of the config, in one attribute (ops.py, _direct_cpu_args)
+        self.cpu_plain: Optional[tuple] = None
 
     @torch.compiler.assume_constant_result
     def get(self, device: torch.device, seq_len: Optional[int]) -> torch.Tensor:
@@ -44,6 +48,9 @@ class DeviceFrequencies:
                 entries = {} if len(self._entries) >= self.MAX_ENTRIES else dict(self._entries)
                 entries[key] = t
                 self._entries = entries
+                cfg = self._config
+                if device.type == "cpu" and device.index is None and not cfg.needs_seq_len:
+                    self.cpu_plain = (t, cfg.attention_factor, cfg.interleaved, cfg.head_dim)
             return t
 
 

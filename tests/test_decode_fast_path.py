@@ -123,3 +123,20 @@ def test_fast_path_steps_aside_for_modes_and_profiler(in_place):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         call(q.clone(), k.clone(), pos, config=config)
     assert any(e.name == name.rsplit(".", 1)[0].replace(".", "::") for e in prof.events())
+
+
+def test_module_fast_path_matches_reference_and_leaves_inputs():
+    config = _config()
+    module = pn.RotaryEmbedding(config)
+    _warm(config)
+    q, k, pos = _decode_inputs()
+    q0, k0 = q.clone(), k.clone()
+    assert ops._rope_direct(q, k, pos, config, "bshd", 0) is not None  # the path under test
+    got_q, got_k = module(q, k, pos)
+    want_q, want_k = reference.apply_rope(q.double(), k.double(), pos, config)
+    torch.testing.assert_close(got_q.double(), want_q, atol=2e-6, rtol=0)
+    torch.testing.assert_close(got_k.double(), want_k, atol=2e-6, rtol=0)
+    assert torch.equal(q, q0) and torch.equal(k, k0)  # out of place
+    with _Seen() as mode:  # a mode sees the op
+        module(q, k, pos)
+    assert "posenc.rope.default" in mode.ops

@@ -293,12 +293,12 @@ def _direct_cpu_args(q, k, positions, config, layout, offset, in_place: bool):
     config=config, ...)`` may call the CPU kernel directly (see above), else None. Checks what
     _resolve_rope_args checks for this call, cheapest first; anything unusual (or a config's first
     call, before its frequencies are cached) takes the general path."""
-    if not (_FAST and type(q) is _Tensor and type(k) is _Tensor and type(config) is RopeConfig
-            and (positions is None or type(positions) is _Tensor) and type(offset) is int):
-        return None
+    if _is_compiling() or not (_FAST and type(q) is _Tensor and type(k) is _Tensor and type(config) is RopeConfig
+                               and (positions is None or type(positions) is _Tensor) and type(offset) is int):
+        return None  # (first: torch.compile traces the general path, reading nothing else here)
     plain = config._frequencies.cpu_plain
     n = _LAYOUT_DIMS.get(layout) if type(layout) is str else None
-    if plain is None or n is None or _is_compiling() or not q.is_cpu:
+    if plain is None or n is None or not q.is_cpu:
         return None
     shape = q.shape
     if (len(shape) != n or shape[n - 1] != plain[3] or k.dim() != n or not -(2 ** 63) <= offset < 2 ** 63
@@ -309,6 +309,15 @@ def _direct_cpu_args(q, k, positions, config, layout, offset, in_place: bool):
         if active():
             return None
     return plain
+
+
+def _rope_direct(q, k, positions, config, layout, offset):
+    """``apply_rope(q, k, positions, config=config, layout=layout, offset=offset)`` by the fast path
+    (RotaryEmbedding.forward calls it too), or None where the general path must run."""
+    direct = _direct_cpu_args(q, k, positions, config, layout, offset, False)
+    if direct is None:
+        return None
+    return _ROPE_CPU(_CPU_KEYS, q, k, positions, None, direct[0], direct[1], direct[2], layout, offset, False)
 
 
 _NO_SKIP = contextlib.nullcontext()
@@ -348,9 +357,9 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Opt
     Differentiable with respect to q and k (the backward is the transposed rotation).
     """
     if config is not None and inv_freq is None and cu_seqlens is None and rotary_dim is None:
-        direct = _direct_cpu_args(q, k, positions, config, layout, offset, False)
-        if direct is not None:
-            return _ROPE_CPU(_CPU_KEYS, q, k, positions, None, direct[0], direct[1], direct[2], layout, offset, False)
+        out = _rope_direct(q, k, positions, config, layout, offset)
+        if out is not None:
+            return out
     k_arg, inv_freq, attention_factor, interleaved, offset = _resolve_rope_args(
         q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens, rotary_dim)
     with _autograd_skipped(q, k_arg):

@@ -276,13 +276,14 @@ _Tensor = torch.Tensor
 _is_compiling = torch.compiler.is_compiling
 _is_grad_enabled = torch.is_grad_enabled
 _increment_version = torch._C._increment_version
-_CPU_FREQ_KEY = (torch.device("cpu"), None)  # DeviceFrequencies' cache key: CPU, no regime
 try:
     _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
     _ROPE_CPU = torch.ops.posenc.rope.default._handle.redispatch_boxed
     _ROPE_CPU_ = torch.ops.posenc.rope_.default._handle.redispatch_boxed
-    _intercepted = (torch._C._are_functorch_transforms_active, torch._C._len_torch_dispatch_stack,
-                    torch._C._is_torch_function_mode_enabled, torch._C._autograd._profiler_enabled)
+    _functorch_active = torch._C._are_functorch_transforms_active
+    _dispatch_modes = torch._C._len_torch_dispatch_stack
+    _function_modes = torch._C._is_torch_function_mode_enabled
+    _profiling = torch._C._autograd._profiler_enabled
     _FAST = True
 except AttributeError:  # another torch: no fast path, same results
     _FAST = False
@@ -303,11 +304,9 @@ def _direct_cpu_args(q, k, positions, config, layout, offset, in_place: bool):
     shape = q.shape
     if (len(shape) != n or shape[n - 1] != plain[3] or k.dim() != n or not -(2 ** 63) <= offset < 2 ** 63
             or (_is_grad_enabled() and (q.requires_grad or k.requires_grad))
-            or (in_place and (q.is_inference() or k.is_inference()))):
+            or (in_place and (q.is_inference() or k.is_inference()))
+            or _functorch_active() or _dispatch_modes() or _function_modes() or _profiling()):
         return None
-    for active in _intercepted:
-        if active():
-            return None
     return plain
 
 

@@ -1,4 +1,4 @@
-"""The decode fast path of apply_rope / apply_rope_ with config= (ops.py, _direct_cpu_args): when it
+"""The decode fast path of apply_rope / apply_rope_ with config= (ops.py, _rope_direct): when it
 is taken the results and torch's in-place rules are those of the general path, and it steps aside
 whenever something must record or intercept the call (grad mode, modes, the profiler, inference
 tensors)."""
@@ -41,7 +41,7 @@ def test_fast_path_matches_reference(interleaved, partial, dtype):
     config = _config(interleaved, partial)
     _warm(config)
     q, k, pos = _decode_inputs(dtype=dtype)
-    assert ops._direct_cpu_args(q, k, pos, config, "bshd", 7, True) is not None  # the path under test
+    assert ops._rope_direct(q.clone(), k.clone(), pos, config, "bshd", 7, True) is not None  # the path under test
     want_q, want_k = reference.apply_rope(q.double(), k.double(), pos, config, offset=7)
     tol = 2e-6 if dtype == torch.float32 else 1e-2
     got_q, got_k = pn.apply_rope(q, k, pos, config=config, offset=7)
@@ -64,7 +64,7 @@ def test_fast_path_bumps_versions_and_stale_backward_is_caught():
     pos = torch.tensor([[5], [9]])
     vy, vk = y._version, k._version
     with torch.no_grad():
-        assert ops._direct_cpu_args(y, k, pos, config, "bshd", 0, True) is not None
+        assert ops._rope_direct(y.clone(), k.clone(), pos, config, "bshd", 0, True) is not None  # the path under test
         pn.apply_rope_(y, k, pos, config=config)
     assert y._version > vy and k._version > vk
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):

@@ -289,15 +289,16 @@ except AttributeError:  # another torch: no fast path, same results
     _FAST = False
 
 
-def _direct_cpu_args(q, k, positions, config, layout, offset, in_place: bool):
-    """``(inv_freq, attention_factor, interleaved, head_dim)`` when ``op(q, k, positions,
-    config=config, ...)`` may call the CPU kernel directly (see above), else None. Checks what
-    _resolve_rope_args checks for this call, cheapest first; anything unusual (or a config's first
-    call, before its frequencies are cached) takes the general path."""
+def _rope_direct(q, k, positions, config, layout, offset, in_place: bool = False):
+    """``apply_rope(q, k, positions, config=config, layout=layout, offset=offset)`` (``apply_rope_``
+    when ``in_place``) by the fast path above: its ``(q, k)``, or None where the general path must
+    run. Checks what _resolve_rope_args checks for this call, cheapest first; anything unusual (or a
+    config's first call, before its CPU frequencies are cached) takes the general path.
+    RotaryEmbedding.forward calls it too."""
     if _is_compiling() or not (_FAST and type(q) is _Tensor and type(k) is _Tensor and type(config) is RopeConfig
                                and (positions is None or type(positions) is _Tensor) and type(offset) is int):
         return None  # (first: torch.compile traces the general path, reading nothing else here)
-    plain = config._frequencies.cpu_plain
+    plain = config._frequencies.cpu_plain  # (inv_freq, attention_factor, interleaved, head_dim)
     n = _LAYOUT_DIMS.get(layout) if type(layout) is str else None
     if plain is None or n is None or not q.is_cpu:
         return None
@@ -307,16 +308,11 @@ def _direct_cpu_args(q, k, positions, config, layout, offset, in_place: bool):
             or (in_place and (q.is_inference() or k.is_inference()))
             or _functorch_active() or _dispatch_modes() or _function_modes() or _profiling()):
         return None
-    return plain
-
-
-def _rope_direct(q, k, positions, config, layout, offset):
-    """``apply_rope(q, k, positions, config=config, layout=layout, offset=offset)`` by the fast path
-    (RotaryEmbedding.forward calls it too), or None where the general path must run."""
-    direct = _direct_cpu_args(q, k, positions, config, layout, offset, False)
-    if direct is None:
-        return None
-    return _ROPE_CPU(_CPU_KEYS, q, k, positions, None, direct[0], direct[1], direct[2], layout, offset, False)
+    if in_place:
+        _ROPE_CPU_(_CPU_KEYS, q, k, positions, None, plain[0], plain[1], plain[2], layout, offset, False)
+        _increment_version((q, k))  # after the write, as ADInplaceOrView does
+        return q, k
+    return _ROPE_CPU(_CPU_KEYS, q, k, positions, None, plain[0], plain[1], plain[2], layout, offset, False)
 
 
 _NO_SKIP = contextlib.nullcontext()
@@ -379,11 +375,9 @@ def apply_rope_(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Op
     the in-place gradient (the inverse rotation). Out-of-place :func:`apply_rope` is the usual choice
     for training."""
     if config is not None and inv_freq is None and cu_seqlens is None and rotary_dim is None:
-        direct = _direct_cpu_args(q, k, positions, config, layout, offset, True)
-        if direct is not None:
-            _ROPE_CPU_(_CPU_KEYS, q, k, positions, None, direct[0], direct[1], direct[2], layout, offset, False)
-            _increment_version((q, k))
-            return q, k
+        out = _rope_direct(q, k, positions, config, layout, offset, True)
+        if out is not None:
+            return out
     k_arg, inv_freq, attention_factor, interleaved, offset = _resolve_rope_args(
         q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens, rotary_dim)
     args = (q, k_arg, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, False)

@@ -197,11 +197,11 @@ inline void rotate_row(const T* src, T* dst, int64_t pairs, const M* __restrict_
 // (benchmarks/RESULTS.md). The 16-bit types keep the SIMD kernels, which convert faster.
 template <bool kInterleaved, bool kInverse, typename T, typename M>
 inline void rotate_row_uniform(const T* src, T* dst, int64_t pairs, const M* __restrict__ c,
-                               const M* __restrict__ s) {
+                               const M* __restrict__ s, int64_t first_pair = 0) {
   const int64_t second = kInterleaved ? 1 : pairs;
   const int64_t step = kInterleaved ? 2 : 1;
 #pragma GCC ivdep
-  for (int64_t i = 0; i < pairs; ++i) {  // in place: as in rotate_row
+  for (int64_t i = first_pair; i < pairs; ++i) {  // in place: as in rotate_row
     const int64_t ia = i * step, ib = ia + second;
     const M a = to_math<M>(src[ia]);
     const M b = to_math<M>(src[ib]);

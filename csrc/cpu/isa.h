@@ -34,11 +34,18 @@ using RotateRowFn = int64_t (*)(const void* src, void* dst, int64_t rows, int64_
 // nullptr: row order. Entries the kernel does not report done (rotate_row's) stay in row order.
 using OrderFactorsFn = void (*)(float* C, float* S, int64_t pairs);
 
+// A SIMD row kernel for half-split pairs and one cos/sin row indexed by pair (angles from
+// frequencies, as core/rope.h rotate_row_uniform, same bits): two factor loads per block of pairs
+// instead of four, and no per-token factor rows. Same contract as RotateRowFn otherwise.
+using RotateUniformFn = int64_t (*)(const void* src, void* dst, int64_t rows, int64_t src_stride,
+                                    int64_t dst_stride, int64_t pairs, const float* cos, const float* sin);
+
 enum RowDtype : int { kRowFloat = 0, kRowBFloat16 = 1, kRowHalf = 2 };
 
 struct RowKernels {
-  RotateRowFn rotate[3][2];    // [RowDtype][interleaved]
-  OrderFactorsFn order[3][2];  // the factor order each of them reads
+  RotateRowFn rotate[3][2];          // [RowDtype][interleaved]
+  OrderFactorsFn order[3][2];        // the factor order each of them reads
+  RotateUniformFn uniform[3][2];     // [RowDtype][inverse], half-split; nullptr where rotate[.][0] measured faster
 };
 
 // The row kernels of each SIMD path, or nullptr where this build has none (rows_*.cpp).

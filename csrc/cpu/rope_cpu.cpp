@@ -38,25 +38,31 @@ void rotate_heads(const RopeProblem& p, const RopeOperand& o, int64_t b, int64_t
   }
 }
 
-// rotate_heads with rotate_row_uniform (angles from frequencies, float32).
-template <bool kInterleaved, bool kInverse, typename T>
-inline void rotate_heads_uniform(const RopeProblem& p, const RopeOperand& o, int64_t b, int64_t s, const T* c,
-                                 const T* sn) {
+// rotate_heads with one cos/sin row indexed by pair (angles from frequencies): float32's
+// rotate_row_uniform, or first the SIMD kernel `simd` (isa.h, RotateUniformFn; fp16 half-split).
+template <bool kInterleaved, bool kInverse, typename T, typename M>
+inline void rotate_heads_uniform(const RopeProblem& p, const RopeOperand& o, int64_t b, int64_t s, const M* c,
+                                 const M* sn, RotateUniformFn simd = nullptr) {
   const T* src = static_cast<const T*>(o.src) + b * o.src_stride_b + s * o.src_stride_s;
   T* dst = static_cast<T*>(o.dst) + b * o.dst_stride_b + s * o.dst_stride_s;
   const int64_t pass = p.copy_passthrough ? p.head_dim - p.rot_dim : 0;
+  int64_t done = 0;
+  if constexpr (std::is_same_v<M, float>) {
+    if (simd) done = simd(src, dst, o.heads, o.src_stride_h, o.dst_stride_h, p.pairs(), c, sn);
+  }
+  if (done == p.pairs() && pass == 0) return;
   for (int64_t h = 0; h < o.heads; ++h) {
     const T* src_row = src + h * o.src_stride_h;
     T* dst_row = dst + h * o.dst_stride_h;
-    rotate_row_uniform<kInterleaved, kInverse>(src_row, dst_row, p.pairs(), c, sn);
+    rotate_row_uniform<kInterleaved, kInverse>(src_row, dst_row, p.pairs(), c, sn, done);
     if (pass > 0) std::memcpy(dst_row + p.rot_dim, src_row + p.rot_dim, pass * sizeof(T));
   }
 }
 
 // Tokens [begin, end): per token the factor rows of every pair, then every q and k head rotated with them.
 template <typename T, bool kInterleaved, bool kInverse>
-POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, OrderFactorsFn order, int64_t begin,
-                                   int64_t end) {
+POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, OrderFactorsFn order,
+                                   RotateUniformFn uniform, int64_t begin, int64_t end) {
   using M = math_t<T>;
   const int64_t pairs = p.pairs();
   // Factor rows on 64-byte boundaries, so no vector load of them straddles two cache lines.
@@ -80,9 +86,11 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
     };
     for (int64_t t = begin; t < end; ++t) {
       angles.at(t, position_of);
-      if constexpr (std::is_same_v<T, float>) {  // core/rope.h, rotate_row_uniform: why float32 differs
-        rotate_heads_uniform<kInterleaved, kInverse>(p, p.q, t / p.seq, t % p.seq, angles.cos(), angles.sin());
-        rotate_heads_uniform<kInterleaved, kInverse>(p, p.k, t / p.seq, t % p.seq, angles.cos(), angles.sin());
+      if (std::is_same_v<T, float> || uniform) {  // core/rope.h, rotate_row_uniform: why float32 differs
+        rotate_heads_uniform<kInterleaved, kInverse, T>(p, p.q, t / p.seq, t % p.seq, angles.cos(), angles.sin(),
+                                                        uniform);
+        rotate_heads_uniform<kInterleaved, kInverse, T>(p, p.k, t / p.seq, t % p.seq, angles.cos(), angles.sin(),
+                                                        uniform);
       } else {
         set_factor_rows<kInterleaved, kInverse>(C, S, pairs, angles.cos(), angles.sin());
         rotate_token(t / p.seq, t % p.seq);
@@ -106,16 +114,19 @@ template <typename T, bool kInterleaved, bool kInverse>
 void run_typed(const RopeProblem& p) {
   RotateRowFn simd = nullptr;
   OrderFactorsFn order = nullptr;
+  RotateUniformFn uniform = nullptr;  // half-split from frequencies only
   if constexpr (kRowDtype<T> >= 0) {
     if (const RowKernels* k = row_kernels(cpu_isa())) {
       simd = k->rotate[kRowDtype<T>][kInterleaved ? 1 : 0];
       order = k->order[kRowDtype<T>][kInterleaved ? 1 : 0];
+      if (!kInterleaved && p.inv_freq) uniform = k->uniform[kRowDtype<T>][kInverse ? 1 : 0];
     }
   }
   const int64_t per_token = std::max<int64_t>((p.q.heads + p.k.heads) * p.head_dim, 1);
   const int64_t grain = std::max<int64_t>(1, 32768 / per_token);
-  torch::stable::parallel_for(0, p.batch * p.seq, grain,
-                   [&](int64_t begin, int64_t end) { rope_tokens<T, kInterleaved, kInverse>(p, simd, order, begin, end); });
+  torch::stable::parallel_for(0, p.batch * p.seq, grain, [&](int64_t begin, int64_t end) {
+    rope_tokens<T, kInterleaved, kInverse>(p, simd, order, uniform, begin, end);
+  });
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 // the integer round-to-nearest-even below are those of c10::Half and from_math<c10::BFloat16>.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #endif
@@ -43,6 +44,7 @@ struct Avx2 {
   static F loadf(const float* p) { return _mm256_loadu_ps(p); }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
   static F swap_pairs(F x) { return _mm256_permute_ps(x, 0xB1); }  // (x0,x1,x2,x3) -> (x1,x0,x3,x2)
   // 16 floats at p as (even elements, odd elements) written back in place, for even_odd_factors.
   static void split_even_odd(float* p) {
@@ -124,6 +126,7 @@ struct Avx512 {
   static F loadf(const float* p) { return _mm512_loadu_ps(p); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
   static F swap_pairs(F x) { return _mm512_permute_ps(x, 0xB1); }
 };
 
@@ -251,6 +254,51 @@ int64_t rotate_row_simd(const void* src_v, void* dst_v, int64_t rows, int64_t sr
   return kInterleaved ? full / 2 : full;
 }
 
+// isa.h, RotateUniformFn: half-split rows with the pair's cos c[i] and sin s[i] read directly
+// (core/rope.h, rotate_row_uniform: a*c - b*s, b*c + a*s, the inverse with the signs swapped; the
+// same bits as rotate_row with set_factor_rows, since adding b * (-s) is subtracting b * s). Plain
+// per-vector loads and stores: an even/odd policy would need its factors reordered.
+template <class I, class D, bool kInverse, int K>
+[[gnu::always_inline]] inline void rotate_block_uniform(const typename D::T* src, typename D::T* dst, int64_t j,
+                                                        int64_t pairs, const float* c, const float* s) {
+  using IO = Io<I, D>;
+  constexpr int W = I::kLanes;
+  for (int k = 0; k < K; ++k) {
+    const int64_t e = j + k * W;
+    const auto a = IO::load(src + e), b = IO::load(src + pairs + e);
+    const auto cv = I::loadf(c + e), sv = I::loadf(s + e);
+    if constexpr (!kInverse) {
+      IO::store(dst + e, I::sub(I::mul(a, cv), I::mul(b, sv)));
+      IO::store(dst + pairs + e, I::add(I::mul(b, cv), I::mul(a, sv)));
+    } else {
+      IO::store(dst + e, I::add(I::mul(a, cv), I::mul(b, sv)));
+      IO::store(dst + pairs + e, I::sub(I::mul(b, cv), I::mul(a, sv)));
+    }
+  }
+}
+
+template <class I, class D, bool kInverse>
+int64_t rotate_row_simd_uniform(const void* src_v, void* dst_v, int64_t rows, int64_t src_stride, int64_t dst_stride,
+                                int64_t pairs, const float* c, const float* s) {
+  using T = typename D::T;
+  constexpr int W = I::kLanes;
+  const int64_t twos = pairs / (2 * W) * (2 * W);
+  const int64_t full = pairs / W * W;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* src = static_cast<const T*>(src_v) + r * src_stride;
+    T* dst = static_cast<T*>(dst_v) + r * dst_stride;
+    for (int64_t j = 0; j < twos; j += 2 * W) rotate_block_uniform<I, D, kInverse, 2>(src, dst, j, pairs, c, s);
+    for (int64_t j = twos; j < full; j += W) rotate_block_uniform<I, D, kInverse, 1>(src, dst, j, pairs, c, s);
+  }
+  return full;
+}
+
+// fp16 only: against the in-place memory floor it measured ~5-10% faster than the factor rows
+// (benchmarks/micro/rope_rows.cpp); float32 has its own loop (isa.h), bf16 its even/odd rows.
+template <class I, class D>
+constexpr RotateUniformFn kUniform[2] = {std::is_same_v<D, Half> ? rotate_row_simd_uniform<I, D, false> : nullptr,
+                                         std::is_same_v<D, Half> ? rotate_row_simd_uniform<I, D, true> : nullptr};
+
 // isa.h, OrderFactorsFn: for an even/odd policy, the factor entries its two-vector steps read
 // (blocks of 2W from the start of the row, or of each half) reordered as (even elements, odd
 // elements) per block; the rest stay in row order for the single-vector steps and rotate_row.
@@ -289,7 +337,10 @@ constexpr RowKernels kRowKernels = {{{kRotate<I, Float>[0], kRotate<I, Float>[1]
                                      {kRotate<I, Half>[0], kRotate<I, Half>[1]}},
                                     {{kOrder<I, Float>[0], kOrder<I, Float>[1]},
                                      {kOrder<I, BFloat16>[0], kOrder<I, BFloat16>[1]},
-                                     {kOrder<I, Half>[0], kOrder<I, Half>[1]}}};
+                                     {kOrder<I, Half>[0], kOrder<I, Half>[1]}},
+                                    {{kUniform<I, Float>[0], kUniform<I, Float>[1]},
+                                     {kUniform<I, BFloat16>[0], kUniform<I, BFloat16>[1]},
+                                     {kUniform<I, Half>[0], kUniform<I, Half>[1]}}};
 
 }  // namespace
 }  // namespace posenc::cpu

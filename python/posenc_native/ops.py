@@ -287,6 +287,59 @@ def _resolve_rope_args(q, k, positions, config, inv_freq, attention_factor, inte
     return k, inv_freq, _check_float("attention_factor", attention_factor), _check_bool("interleaved", interleaved), offset
 
 
+# --------------------------------------------------------------------------------------------
+# Decode fast path (issue 9). At decode a call rotates a few kilobytes, so the op's dispatch costs
+# as much as the kernel: going through the Autograd key alone (a Python kernel, registered below)
+# costs several microseconds, the _AutoDispatchBelowAutograd context that skips it ~0.5 us. When
+# nothing is to be recorded or intercepted (eager mode, plain CPU tensors, no gradient wanted, no
+# mode, functorch transform or profiler active), the wrappers call the CPU kernel straight away
+# (redispatch with the CPU key alone) and bump q and k's version counters themselves: exactly what
+# the Autograd and ADInplaceOrView kernels do in that case. Inference tensors take the general
+# path (whose checks refuse an in-place update outside inference mode).
+
+_Tensor = torch.Tensor
+_is_compiling = torch.compiler.is_compiling
+_is_grad_enabled = torch.is_grad_enabled
+_increment_version = torch._C._increment_version
+try:
+    _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+    _ROPE_CPU = torch.ops.posenc.rope.default._handle.redispatch_boxed
+    _ROPE_CPU_ = torch.ops.posenc.rope_.default._handle.redispatch_boxed
+    _functorch_active = torch._C._are_functorch_transforms_active
+    _dispatch_modes = torch._C._len_torch_dispatch_stack
+    _function_modes = torch._C._is_torch_function_mode_enabled
+    _profiling = torch._C._autograd._profiler_enabled
+    _FAST = True
+except AttributeError:  # another torch: no fast path, same results
+    _FAST = False
+
+
+def _rope_direct(q, k, positions, config, layout, offset, in_place: bool = False):
+    """``apply_rope(q, k, positions, config=config, layout=layout, offset=offset)`` (``apply_rope_``
+    when ``in_place``) by the fast path above: its ``(q, k)``, or None where the general path must
+    run. Checks what _resolve_rope_args checks for this call, cheapest first; anything unusual (or a
+    config's first call, before its CPU frequencies are cached) takes the general path.
+    RotaryEmbedding.forward calls it too."""
+    if _is_compiling() or not (_FAST and type(q) is _Tensor and type(k) is _Tensor and type(config) is RopeConfig
+                               and (positions is None or type(positions) is _Tensor) and type(offset) is int):
+        return None  # (first: torch.compile traces the general path, reading nothing else here)
+    plain = config._frequencies.cpu_plain  # (inv_freq, attention_factor, interleaved, head_dim)
+    n = _LAYOUT_DIMS.get(layout) if type(layout) is str else None
+    if plain is None or n is None or not q.is_cpu:
+        return None
+    shape = q.shape
+    if (len(shape) != n or shape[n - 1] != plain[3] or k.dim() != n or not -(2 ** 63) <= offset < 2 ** 63
+            or (_is_grad_enabled() and (q.requires_grad or k.requires_grad))
+            or (in_place and (q.is_inference() or k.is_inference()))
+            or _functorch_active() or _dispatch_modes() or _function_modes() or _profiling()):
+        return None
+    if in_place:
+        _ROPE_CPU_(_CPU_KEYS, q, k, positions, None, plain[0], plain[1], plain[2], layout, offset, False)
+        _increment_version((q, k))  # after the write, as ADInplaceOrView does
+        return q, k
+    return _ROPE_CPU(_CPU_KEYS, q, k, positions, None, plain[0], plain[1], plain[2], layout, offset, False)
+
+
 _NO_SKIP = contextlib.nullcontext()
 
 
@@ -333,6 +386,10 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Opt
 
     Differentiable with respect to q and k (the backward is the transposed rotation).
     """
+    if config is not None and inv_freq is None and cu_seqlens is None and rotary_dim is None:
+        out = _rope_direct(q, k, positions, config, layout, offset)
+        if out is not None:
+            return out
     k_arg, inv_freq, attention_factor, interleaved, offset = _resolve_rope_args(
         q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens, rotary_dim,
         mrope_section, mrope_interleaved)
@@ -354,6 +411,10 @@ def apply_rope_(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Op
     bumped; a leaf that requires grad is refused under grad mode; a non-leaf that requires grad gets
     the in-place gradient (the inverse rotation). Out-of-place :func:`apply_rope` is the usual choice
     for training. Positions with an axis layout as in :func:`apply_rope`."""
+    if config is not None and inv_freq is None and cu_seqlens is None and rotary_dim is None:
+        out = _rope_direct(q, k, positions, config, layout, offset, True)
+        if out is not None:
+            return out
     k_arg, inv_freq, attention_factor, interleaved, offset = _resolve_rope_args(
         q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens, rotary_dim,
         mrope_section, mrope_interleaved)

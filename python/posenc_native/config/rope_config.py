@@ -27,6 +27,10 @@ class DeviceFrequencies:
         self._config = config
         self._entries: dict = {}
         self._lock = threading.Lock()
+        # (inv_freq, attention_factor, interleaved, head_dim) on the CPU once cached there, for a
+        # config whose frequencies do not depend on the sequence length: all the ops' decode fast
+        # path reads of the config, in one attribute (ops.py, _rope_direct)
+        self.cpu_plain: Optional[tuple] = None
 
     @torch.compiler.assume_constant_result
     def get(self, device: torch.device, seq_len: Optional[int], axes: bool = False) -> torch.Tensor:
@@ -50,6 +54,11 @@ class DeviceFrequencies:
                 entries = {} if len(self._entries) >= self.MAX_ENTRIES else dict(self._entries)
                 entries[key] = t
                 self._entries = entries
+                cfg = self._config
+                # (the ops' form only: an axis layout's 2-D frequencies, not its 1-D inv_freq_on)
+                if (device.type == "cpu" and device.index is None and not cfg.needs_seq_len
+                        and axes == (cfg._pair_axes is not None)):
+                    self.cpu_plain = (t, cfg.attention_factor, cfg.interleaved, cfg.head_dim)
             return t
 
 

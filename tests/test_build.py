@@ -56,12 +56,14 @@ def test_build_info_keys_and_types():
                     reason="POSENC_REQUIRE_CUDA_BUILD=1 not set (CI sets it: the CUDA kernels must be compiled in)")
 def test_cuda_build_required():
     info = pn.build_info()
-    assert info["cuda"] is True, f"POSENC_REQUIRE_CUDA_BUILD=1 but the library was built without CUDA: {info}"
-    assert any("90" in arch for arch in info["cuda_archs"]), f"sm_90 (H100/H200) missing from {info['cuda_archs']}"
     # The CUDA kernels live in their own library beside the main one (also in a wheel that a
     # CPU-only torch loads: there it stays unloaded, see test_cuda_library_only_with_cuda_torch).
     cuda_lib = Path(info["library"]).parent / "libposenc_ops_cuda.so"
-    assert cuda_lib.is_file(), f"a CUDA build must ship {cuda_lib}"
+    assert cuda_lib.is_file(), f"POSENC_REQUIRE_CUDA_BUILD=1: a CUDA build must ship {cuda_lib}"
+    if torch.version.cuda is None:
+        return  # its build facts come from it once loaded, which a CPU-only torch never does
+    assert info["cuda"] is True, f"POSENC_REQUIRE_CUDA_BUILD=1 but the library was built without CUDA: {info}"
+    assert any("90" in arch for arch in info["cuda_archs"]), f"sm_90 (H100/H200) missing from {info['cuda_archs']}"
 
 
 def _mapped(path: str | Path) -> bool:

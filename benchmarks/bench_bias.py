@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_cpu import Goal, Row, Settings, bench, check, print_header, print_table, steady_malloc  # noqa: E402
+from bench_cpu import Goal, Row, Settings, bench, check, print_header, print_table, print_verdicts, steady_malloc  # noqa: E402
 
 import posenc_native as pn  # noqa: E402
 
@@ -99,9 +99,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         rows += t5_rows(settings, H, L, dtype)
         rows += alibi_rows(settings, H, L, dtype)
     print_table(rows)
-    verdicts = [r.goal.verdict(r.ratio) for r in rows if r.goal and r.ratio is not None]
-    print()
-    print(f"{verdicts.count('PASS')} goals met, {verdicts.count('MISS')} missed; {time.perf_counter() - start:.0f} s")
+    print_verdicts(rows, start)
     return 0
 
 

@@ -393,6 +393,13 @@ def fmt_ms(ms: float) -> str:
     return f"{ms:.3f}" if ms >= 0.1 else f"{ms:.4f}"  # decode calls take microseconds
 
 
+def print_verdicts(rows: list[Row], start: float) -> None:
+    """The closing line of every benchmark: goals met and missed, and the seconds since ``start``."""
+    verdicts = [r.goal.verdict(r.ratio) for r in rows if r.goal and r.ratio is not None]
+    print()
+    print(f"{verdicts.count('PASS')} goals met, {verdicts.count('MISS')} missed; {time.perf_counter() - start:.0f} s")
+
+
 def print_table(rows: list[Row]) -> None:
     headers = ("benchmark", "ours ms", "baseline", "baseline ms", "ratio", "goal", "")
     cells = []
@@ -490,10 +497,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         rows.extend(section(settings))
     print()
     print_table(rows)
-    verdicts = [r.goal.verdict(r.ratio) for r in rows if r.goal and r.ratio is not None]
-    print()
-    print(f"{verdicts.count('PASS')} goals met, {verdicts.count('MISS')} missed; "
-          f"{time.perf_counter() - start:.0f} s")
+    print_verdicts(rows, start)
     return 0
 
 

@@ -30,7 +30,7 @@ from typing import Optional
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_cpu import Goal, Row, Settings, bench_together, check, print_header, print_table, steady_malloc  # noqa: E402
+from bench_cpu import Goal, Row, Settings, bench_together, check, print_header, print_table, print_verdicts, steady_malloc  # noqa: E402
 
 import posenc_native as pn  # noqa: E402
 from posenc_native.config import RopeConfig  # noqa: E402
@@ -155,9 +155,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     print("ratio range over rounds:")
     for (a, b), row in zip(pairs, rows):
         print(f"  {row.name} vs {row.baseline_name}: {ratio_range(a, b)}")
-    verdicts = [r.goal.verdict(r.ratio) for r in rows if r.goal and r.ratio is not None]
-    print()
-    print(f"{verdicts.count('PASS')} goals met, {verdicts.count('MISS')} missed; {time.perf_counter() - start:.0f} s")
+    print_verdicts(rows, start)
     return 0
 
 

@@ -4,7 +4,8 @@
 #   into the machine's own torch), or, when none fits (none carried, several, or it does not load
 #   or has no kernels for this GPU), build from source (no network: --no-build-isolation against the
 #   machine's torch; POSENC_GPU_FROM_SOURCE=1 forces this); run the CUDA tests, benchmark against the
-#   PyTorch reference, torch.compile, Liger-Kernel (when carried) and a device copy. Everything lands
+#   PyTorch reference, torch.compile, Liger-Kernel (when carried) and a device copy, and profile where
+#   each op call's time goes (benchmarks/gpu_profile.py: kernels, copies, host syncs). Everything lands
 #   under $OUT (summary.txt first).
 # Optional wheels (liger-kernel, expecttest) travel in .whl/ (see benchmarks/README.md).
 set -uo pipefail
@@ -67,8 +68,9 @@ fi
 say "op library: $how"
 step selfcheck python3 -m posenc_native
 step tests python3 -m pytest -q -p no:cacheprovider tests/test_rope.py tests/test_sinusoidal.py \
-  tests/test_compile_export.py tests/test_adversarial.py tests/test_relative_bias.py \
+  tests/test_compile_export.py tests/test_adversarial.py tests/test_relative_bias.py tests/test_mrope.py \
   -k "cuda or precision or opcheck or reduce_overhead" --hypothesis-seed=0
 step bench python3 benchmarks/bench_gpu.py --out "$OUT/bench.md"
+step profile python3 benchmarks/gpu_profile.py --out "$OUT/profile.md"
 # (a CPU dry run of the benchmark code: python3 benchmarks/bench_gpu.py --device cpu --tokens 256 --table-len 256 --x-seq 256)
 say "done"

@@ -24,11 +24,18 @@ from posenc_native import reference
 
 transformers = pytest.importorskip("transformers")
 from transformers import T5Config  # noqa: E402
-from transformers.models.bloom.modeling_bloom import _get_alibi_slopes as bloom_slopes  # noqa: E402
+from transformers.models.bloom.modeling_bloom import build_alibi_tensor as build_bloom_alibi_tensor  # noqa: E402
 from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor  # noqa: E402
 from transformers.models.t5.modeling_t5 import T5Attention  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def bloom_slopes(heads: int) -> torch.Tensor:
+    """BLOOM's slopes through its public `build_alibi_tensor` (older transformers have no `_get_alibi_slopes`):
+    its value at the second token (position 1) is the slope itself, slope * 1.0 with no rounding."""
+    mask = torch.ones(1, 2, dtype=torch.long)
+    return build_bloom_alibi_tensor(mask, heads, torch.float32)[:, 0, 1]
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and pn.build_info()["cuda"] else [])
 hf_bucket = T5Attention._relative_position_bucket
 
@@ -232,7 +239,7 @@ def test_gradcheck_and_gradgradcheck():
 def test_slopes_equal_bloom_mpt_and_the_paper(heads):
     ours = pn.alibi_slopes(heads)
     assert ours.dtype == torch.float32 and ours.shape == (heads,)
-    bloom = bloom_slopes(heads, torch.device("cpu"))
+    bloom = bloom_slopes(heads)
     mpt = -build_mpt_alibi_tensor(heads, 2)[:, 0, 0]  # [H, 1, L]: slope * (j - (L - 1)); j = 0, L = 2
     paper = reference.alibi_slopes(heads)  # the paper's own recursive code, float64
     assert torch.equal(ours, paper.float())  # one rounding of the exact value

@@ -55,32 +55,46 @@ struct SinusoidalProblem {
 
 namespace posenc {
 
-// One GPU work item of the sinusoidal ops: w = (row, i); i < half writes one sin/cos pair (plus
-// x * x_scale), i == half is the last column of an odd dim. Host/device so the CPU tests run it.
+// One GPU work item of the sinusoidal ops: w = (row block, i), kRowsPerItem rows of one column pair:
+// i < half writes that sin/cos pair (plus x * x_scale) in each row, i == half the last column of an
+// odd dim. Consecutive items are consecutive pairs of the same rows, so a warp's stores are
+// contiguous; the pair's frequency (a float64 exp) and the index divisions are paid once per block of
+// rows rather than per element, which left the kernel bound by float64 and int64 arithmetic.
+// Host/device so the CPU tests run it.
+constexpr int64_t kSinusoidalRowsPerItem = 8;
+
 template <typename T>
 POSENC_HD void sinusoidal_work_item(const SinusoidalProblem& p, int64_t w) {
   using M = math_t<T>;
   const SinusoidalParams& prm = p.params;
   const int64_t per_row = prm.half + (prm.dim & 1);
-  const int64_t row = w / per_row, i = w % per_row;
-  const int64_t b = row / p.seq, s = row % p.seq;
-  T* out = static_cast<T*>(p.out) + b * p.out_stride_b + s * p.out_stride_s;
-  const T* x = p.x ? static_cast<const T*>(p.x) + b * p.x_stride_b + s * p.x_stride_s : nullptr;
+  const int64_t first = (w / per_row) * kSinusoidalRowsPerItem, i = w % per_row;
+  const int64_t rows = p.batch * p.seq;
+  const int64_t last = first + kSinusoidalRowsPerItem < rows ? first + kSinusoidalRowsPerItem : rows;
   const M x_scale = static_cast<M>(p.x_scale);
-  const auto x_at = [&](int64_t col) { return x ? to_math<M>(x[col * p.x_stride_d]) * x_scale : M(0); };
-  if (i == prm.half) {
-    out[prm.dim - 1] = from_math<T>(x_at(prm.dim - 1));
-    return;
+  const bool odd_col = i == prm.half;
+  const double freq = odd_col ? 0.0 : prm.frequency(i);
+  const int64_t sc = odd_col ? prm.dim - 1 : prm.sin_col(i), cc = odd_col ? prm.dim - 1 : prm.cos_col(i);
+  int64_t b = first / p.seq, s = first % p.seq;
+  for (int64_t row = first; row < last; ++row) {
+    T* out = static_cast<T*>(p.out) + b * p.out_stride_b + s * p.out_stride_s;
+    const T* x = p.x ? static_cast<const T*>(p.x) + b * p.x_stride_b + s * p.x_stride_s : nullptr;
+    const auto x_at = [&](int64_t col) { return x ? to_math<M>(x[col * p.x_stride_d]) * x_scale : M(0); };
+    if (odd_col) {
+      out[sc] = from_math<T>(x_at(sc));
+    } else {
+      M sn, cs;
+      sincos_of<M>(p.position(b, s) * freq, sn, cs);
+      out[sc] = from_math<T>(x_at(sc) + sn);
+      out[cc] = from_math<T>(x_at(cc) + cs);
+    }
+    if (++s == p.seq) s = 0, ++b;
   }
-  M sn, cs;
-  sincos_of<M>(p.position(b, s) * prm.frequency(i), sn, cs);
-  const int64_t sc = prm.sin_col(i), cc = prm.cos_col(i);
-  out[sc] = from_math<T>(x_at(sc) + sn);
-  out[cc] = from_math<T>(x_at(cc) + cs);
 }
 
 POSENC_HD int64_t sinusoidal_work_items(const SinusoidalProblem& p) {
-  return p.batch * p.seq * (p.params.half + (p.params.dim & 1));
+  const int64_t row_blocks = (p.batch * p.seq + kSinusoidalRowsPerItem - 1) / kSinusoidalRowsPerItem;
+  return row_blocks * (p.params.half + (p.params.dim & 1));
 }
 
 }  // namespace posenc

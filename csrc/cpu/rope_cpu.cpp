@@ -47,7 +47,15 @@ inline void rotate_heads_uniform(const RopeProblem& p, const RopeOperand& o, int
   T* dst = static_cast<T*>(o.dst) + b * o.dst_stride_b + s * o.dst_stride_s;
   const int64_t pass = p.copy_passthrough ? p.head_dim - p.rot_dim : 0;
   int64_t done = 0;
-  if constexpr (std::is_same_v<M, float>) {
+  // float32 rows have no SIMD kernel here (rotate_row_uniform vectorizes), and its loop keeps a
+  // constant start: the 16-bit types' start index `done` made float32 about 10% slower per row.
+  if constexpr (std::is_same_v<T, float>) {
+    for (int64_t h = 0; h < o.heads; ++h) {
+      rotate_row_uniform<kInterleaved, kInverse>(src + h * o.src_stride_h, dst + h * o.dst_stride_h, p.pairs(), c, sn);
+      if (pass > 0) std::memcpy(dst + h * o.dst_stride_h + p.rot_dim, src + h * o.src_stride_h + p.rot_dim, pass * sizeof(T));
+    }
+    return;
+  } else if constexpr (std::is_same_v<M, float>) {
     if (simd) done = simd(src, dst, o.heads, o.src_stride_h, o.dst_stride_h, p.pairs(), c, sn);
   }
   if (done == p.pairs() && pass == 0) return;

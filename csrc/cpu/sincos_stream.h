@@ -2,12 +2,29 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <new>
 #include <type_traits>
 #include <vector>
 
 #include "core/rope.h"
 
 namespace posenc::cpu {
+
+// Rows on 64-byte boundaries: the row kernels read them with full-width vector loads, and a load
+// that straddles two cache lines costs about twice one that does not.
+template <typename T>
+struct CacheLineAllocator {
+  using value_type = T;
+  CacheLineAllocator() = default;
+  template <typename U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
+  void deallocate(T* ptr, size_t) { ::operator delete(ptr, std::align_val_t{64}); }
+  bool operator==(const CacheLineAllocator&) const { return true; }
+  bool operator!=(const CacheLineAllocator&) const { return false; }
+};
+template <typename T>
+using RowVector = std::vector<T, CacheLineAllocator<T>>;
 
 // sin/cos(position * freq[i]) * amplitude for i < n, in the math type M, for row r of a problem
 // (a token or an encoding row) at position_of(r). Row r is computed directly with sincos_row when r
@@ -39,6 +56,24 @@ class SinCosStream {
   // (from_state() is true), which saves a pass.
   template <typename PositionOf>
   void at(int64_t row, const PositionOf& position_of, bool math_rows = true) {
+    if (n_axes_ == 1 && row == next_row_) {  // one axis, the row after the last: the hot loop, kept scalar
+      positions_of(position_of, row, current_);
+      const double position = current_[0], before = previous_[0];
+      if (row % kDirectEvery != 0 && (position == before + 1.0 || position == before)) {
+        if (position == before) {
+          repeat(math_rows);
+        } else {
+          advance(0, math_rows);
+        }
+        from_state_ = !math_rows;
+      } else {
+        direct(current_);
+        from_state_ = false;
+      }
+      previous_[0] = position;
+      next_row_ = row + 1;
+      return;
+    }
     positions_of(position_of, row, current_);
     if (row != next_row_) {  // a chunk's first row: replay from the last direct row at or before it
       int64_t r = row;
@@ -96,11 +131,8 @@ class SinCosStream {
           if (position[a] != previous_[a]) advance(a, false);
         }
         advance(last, math_rows);
-      } else if (math_rows) {  // the same angles again: what advance writes, the state in M times the amplitude
-        for (int64_t i = 0; i < n_; ++i) {
-          sin_[i] = static_cast<M>(sin_state_[i]) * amplitude_;
-          cos_[i] = static_cast<M>(cos_state_[i]) * amplitude_;
-        }
+      } else {
+        repeat(math_rows);
       }
       from_state_ = !math_rows;
     } else {
@@ -109,6 +141,15 @@ class SinCosStream {
     }
     previous_ = position;
     next_row_ = row + 1;
+  }
+
+  // The same angles again: what advance writes, the state in M times the amplitude.
+  void repeat(bool math_rows) {
+    if (!math_rows) return;
+    for (int64_t i = 0; i < n_; ++i) {
+      sin_[i] = static_cast<M>(sin_state_[i]) * amplitude_;
+      cos_[i] = static_cast<M>(cos_state_[i]) * amplitude_;
+    }
   }
 
   void direct(const std::vector<double>& position) {
@@ -155,8 +196,9 @@ class SinCosStream {
   const double* freq_;
   int64_t n_, n_axes_;
   M amplitude_;
-  std::vector<M> sin_, cos_;
-  std::vector<double> sin_state_, cos_state_, step_sin_, step_cos_, angle_;
+  RowVector<M> sin_, cos_;
+  RowVector<double> sin_state_, cos_state_, step_sin_, step_cos_;
+  std::vector<double> angle_;
   std::vector<double> previous_, current_, replay_, before_;  // one position per axis
   std::vector<char> step_ready_;
   int64_t next_row_ = -1;

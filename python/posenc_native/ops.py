@@ -6,11 +6,13 @@ the op schemas of csrc/registration.cpp and teaches torch.compile/export and aut
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Optional, Sequence, Union
 
 import torch
 
 from ._library import load_library
+from ._op_args import arg_index as _arg_index, bind, call, input_grads, save_args, saved_args, tensor_fields
 from ._rope_math import HEAD_AXIS, LAYOUTS, SEQ_AXIS, axis_inv_freq, mrope_pair_axes, seq_len_from_positions
 from .config import RopeConfig
 
@@ -158,27 +160,31 @@ def add_sinusoidal(x: torch.Tensor, positions: Optional[torch.Tensor] = None, *,
 
 
 @torch.library.register_fake("posenc::sinusoidal_table")
-def _sinusoidal_table_fake(positions, dim, base, interleaved, freq_shift, angle_scale, cos_first, dtype):
-    torch._check(positions.dim() == 1, lambda: f"posenc.sinusoidal_table: positions must be 1-D, got {positions.dim()}-D")
-    torch._check(dim >= 2, lambda: f"posenc.sinusoidal_table: dim must be >= 2, got {dim}")
-    return positions.new_empty((positions.shape[0], dim), dtype=dtype)
+def _sinusoidal_table_fake(*args):
+    a = bind("sinusoidal_table", args)
+    torch._check(a.positions.dim() == 1,
+                 lambda: f"posenc.sinusoidal_table: positions must be 1-D, got {a.positions.dim()}-D")
+    torch._check(a.dim >= 2, lambda: f"posenc.sinusoidal_table: dim must be >= 2, got {a.dim}")
+    return a.positions.new_empty((a.positions.shape[0], a.dim), dtype=a.dtype)
 
 
 @torch.library.register_fake("posenc::add_sinusoidal")
-def _add_sinusoidal_fake(x, positions, x_scale, base, interleaved, freq_shift, angle_scale, cos_first):
+def _add_sinusoidal_fake(*args):
+    a = bind("add_sinusoidal", args)
+    x = a.x
     torch._check(x.dim() in (2, 3), lambda: f"posenc.add_sinusoidal: x must be 2-D or 3-D, got {x.dim()}-D")
-    torch._check(positions.device == x.device, lambda: "posenc.add_sinusoidal: positions must be on the same "
-                 f"device as x ({x.device}), got {positions.device}")
+    torch._check(a.positions.device == x.device, lambda: "posenc.add_sinusoidal: positions must be on the same "
+                 f"device as x ({x.device}), got {a.positions.device}")
     # Same layout rule as the C++ op: x's strides when its last dim is contiguous, else row-major.
     return torch.empty_like(x) if x.stride(-1) == 1 else x.new_empty(x.shape)
 
 
 def _add_sinusoidal_setup(ctx, inputs, output):
-    ctx.x_scale = inputs[2]
+    ctx.args = bind("add_sinusoidal", inputs)._replace(x=None, positions=None)
 
 
 def _add_sinusoidal_backward(ctx, grad):
-    return grad * ctx.x_scale, None, None, None, None, None, None, None
+    return input_grads(ctx.args, x=grad * ctx.args.x_scale)
 
 
 torch.library.register_autograd("posenc::add_sinusoidal", _add_sinusoidal_backward,
@@ -452,35 +458,38 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         return torch.ops.posenc.rope_cos_sin(q, k, cos, sin, positions, layout, False)
 
 
-def _check_rope_fake(op: str, q, k, *others) -> None:
-    """The cheap checks of the C++ op, so shape/device errors surface while tracing too."""
-    for name, t in (("k", k),) + others:
-        if t is not None:
-            torch._check(t.device == q.device,
-                         lambda: f"{op}: {name} must be on the same device as q ({q.device}), got {t.device}")
-    torch._check(k.dtype == q.dtype, lambda: f"{op}: k must have q's dtype ({q.dtype}), got {k.dtype}")
+def _check_rope_fake(name: str, args: tuple):
+    """The cheap checks of the C++ op, so shape/device errors surface while tracing too; returns
+    the bound arguments."""
+    a = bind(name, args)
+    q = a.q
+    for field, t in tensor_fields(a, skip=("q",)):
+        torch._check(t.device == q.device,
+                     lambda: f"posenc.{name}: {field} must be on the same device as q ({q.device}), got {t.device}")
+    torch._check(a.k.dtype == q.dtype, lambda: f"posenc.{name}: k must have q's dtype ({q.dtype}), got {a.k.dtype}")
+    return a
 
 
 @torch.library.register_fake("posenc::rope")
-def _rope_fake(q, k, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, inverse):
-    _check_rope_fake("posenc.rope", q, k, ("positions", positions), ("cu_seqlens", cu_seqlens), ("inv_freq", inv_freq))
-    return torch.empty_like(q), torch.empty_like(k)
+def _rope_fake(*args):
+    a = _check_rope_fake("rope", args)
+    return torch.empty_like(a.q), torch.empty_like(a.k)
 
 
 @torch.library.register_fake("posenc::rope_")
-def _rope_inplace_fake(q, k, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, inverse):
-    _check_rope_fake("posenc.rope_", q, k, ("positions", positions), ("cu_seqlens", cu_seqlens), ("inv_freq", inv_freq))
+def _rope_inplace_fake(*args):
+    _check_rope_fake("rope_", args)
 
 
 @torch.library.register_fake("posenc::rope_cos_sin")
-def _rope_cos_sin_fake(q, k, cos, sin, positions, layout, inverse):
-    _check_rope_fake("posenc.rope_cos_sin", q, k, ("cos", cos), ("sin", sin), ("positions", positions))
-    return torch.empty_like(q), torch.empty_like(k)
+def _rope_cos_sin_fake(*args):
+    a = _check_rope_fake("rope_cos_sin", args)
+    return torch.empty_like(a.q), torch.empty_like(a.k)
 
 
 @torch.library.register_fake("posenc::rope_cos_sin_")
-def _rope_cos_sin_inplace_fake(q, k, cos, sin, positions, layout, inverse):
-    _check_rope_fake("posenc.rope_cos_sin_", q, k, ("cos", cos), ("sin", sin), ("positions", positions))
+def _rope_cos_sin_inplace_fake(*args):
+    _check_rope_fake("rope_cos_sin_", args)
 
 
 def _meta(t: torch.Tensor):
@@ -496,51 +505,37 @@ def _grad_or_zeros(grad: Optional[torch.Tensor], meta) -> torch.Tensor:
     return grad if grad.stride(-1) == 1 or grad.shape[-1] <= 1 else grad.contiguous()
 
 
-def _no_grad_for(op: str, **tensors) -> None:
-    """The ops differentiate q, k and x only: an angle input that wants a gradient is an error,
-    not a silently missing gradient."""
-    for name, t in tensors.items():
-        if t is not None and t.requires_grad:
-            raise RuntimeError(f"{op}: {name} requires grad, but gradients flow only to q and k; detach {name} "
+def _no_grad_for(opname: str, args) -> None:
+    """The rotations differentiate q and k only: an angle input (inv_freq, cos, sin, ...) that
+    wants a gradient is an error, not a silently missing gradient."""
+    for name, t in tensor_fields(args, skip=("q", "k")):
+        if t.requires_grad:
+            raise RuntimeError(f"{opname}: {name} requires grad, but gradients flow only to q and k; detach {name} "
                                "(or compute the rotation with plain torch ops if you need its gradient)")
 
 
-def _rope_setup(ctx, inputs, output):
-    q, k, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, inverse = inputs
-    _no_grad_for("posenc.rope", inv_freq=inv_freq)
-    ctx.save_for_backward(positions, cu_seqlens, inv_freq)
-    ctx.args = (attention_factor, interleaved, layout, offset, inverse)
-    ctx.metas = (_meta(q), _meta(k))
+# The rotations (rope, rope_cos_sin) are orthogonal up to the attention factor, which scales q and
+# k alike: the backward of each is the same op with `inverse` flipped, applied to the gradients.
+
+def _rotation_setup(name: str, ctx, inputs, output):
+    a = bind(name, inputs)
+    _no_grad_for(f"posenc.{name}", a)
+    ctx.op = name
+    ctx.metas = (_meta(a.q), _meta(a.k))
+    save_args(ctx, a._replace(q=None, k=None))
 
 
-def _rope_backward(ctx, grad_q, grad_k):
-    positions, cu_seqlens, inv_freq = ctx.saved_tensors
-    attention_factor, interleaved, layout, offset, inverse = ctx.args
+def _rotation_backward(ctx, grad_q, grad_k):
+    a = saved_args(ctx)
     q_like, k_like = ctx.metas
-    gq, gk = torch.ops.posenc.rope(_grad_or_zeros(grad_q, q_like), _grad_or_zeros(grad_k, k_like), positions,
-                                   cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, not inverse)
-    return gq, gk, None, None, None, None, None, None, None, None
+    gq, gk = call(ctx.op, a, q=_grad_or_zeros(grad_q, q_like), k=_grad_or_zeros(grad_k, k_like),
+                  inverse=not a.inverse)
+    return input_grads(a, q=gq, k=gk)
 
 
-def _rope_cos_sin_setup(ctx, inputs, output):
-    q, k, cos, sin, positions, layout, inverse = inputs
-    _no_grad_for("posenc.rope_cos_sin", cos=cos, sin=sin)
-    ctx.save_for_backward(cos, sin, positions)
-    ctx.args = (layout, inverse)
-    ctx.metas = (_meta(q), _meta(k))
-
-
-def _rope_cos_sin_backward(ctx, grad_q, grad_k):
-    cos, sin, positions = ctx.saved_tensors
-    layout, inverse = ctx.args
-    q_like, k_like = ctx.metas
-    gq, gk = torch.ops.posenc.rope_cos_sin(_grad_or_zeros(grad_q, q_like), _grad_or_zeros(grad_k, k_like), cos, sin,
-                                           positions, layout, not inverse)
-    return gq, gk, None, None, None, None, None
-
-
-torch.library.register_autograd("posenc::rope", _rope_backward, setup_context=_rope_setup)
-torch.library.register_autograd("posenc::rope_cos_sin", _rope_cos_sin_backward, setup_context=_rope_cos_sin_setup)
+for _name in ("rope", "rope_cos_sin"):
+    torch.library.register_autograd(f"posenc::{_name}", _rotation_backward,
+                                    setup_context=functools.partial(_rotation_setup, _name))
 
 # --------------------------------------------------------------------------------------------
 # In-place ops and autograd: torch's rules for in-place ops (``mul_`` is the model), for the
@@ -555,41 +550,27 @@ torch.library.register_autograd("posenc::rope_cos_sin", _rope_cos_sin_backward, 
 _IMPL_LIB = torch.library.Library("posenc", "IMPL")
 
 
-def _inverse_rope(ctx, grad: torch.Tensor) -> torch.Tensor:
-    positions, cu_seqlens, inv_freq = ctx.saved_tensors
-    attention_factor, interleaved, layout, offset, inverse = ctx.args
-    grad = _grad_or_zeros(grad, None)
-    out, _ = torch.ops.posenc.rope(grad, _empty_k(grad, layout), positions, cu_seqlens, inv_freq, attention_factor,
-                                   interleaved, layout, offset, not inverse)
-    return out
-
-
-def _inverse_rope_cos_sin(ctx, grad: torch.Tensor) -> torch.Tensor:
-    cos, sin, positions = ctx.saved_tensors
-    layout, inverse = ctx.args
-    grad = _grad_or_zeros(grad, None)
-    out, _ = torch.ops.posenc.rope_cos_sin(grad, _empty_k(grad, layout), cos, sin, positions, layout, not inverse)
-    return out
-
-
 class _RotatedInPlace(torch.autograd.Function):
-    """Records that ``t`` was rotated in place; with ``run`` set, forward performs the rotation of q
-    and k (one call of the op, all checks before any write), else t was already rotated by the
-    previous node. One node per tensor: autograd rebases a modified view only for single outputs."""
+    """Records that ``t`` was rotated in place by ``op`` (rope_ or rope_cos_sin_); with ``run``
+    set, forward performs the rotation of q and k (one call of the op, all checks before any
+    write), else t was already rotated by the previous node. One node per tensor: autograd rebases
+    a modified view only for single outputs. The backward is the out-of-place op's inverse rotation."""
 
     @staticmethod
-    def forward(ctx, t, run, op, args, saved, inverse_fn):
+    def forward(ctx, t, run, op: str, args):
         if run is not None:
-            op(*run)
+            getattr(torch.ops.posenc, op)(*run)
         ctx.mark_dirty(t)
-        ctx.save_for_backward(*saved)
-        ctx.args = args
-        ctx.inverse_fn = inverse_fn
+        ctx.op = op.removesuffix("_")  # the out-of-place op
+        save_args(ctx, args._replace(q=None, k=None))
         return t
 
     @staticmethod
     def backward(ctx, grad):
-        return ctx.inverse_fn(ctx, grad), None, None, None, None, None
+        a = saved_args(ctx)
+        grad = _grad_or_zeros(grad, None)
+        out, _ = call(ctx.op, a, q=grad, k=_empty_k(grad, a.layout), inverse=not a.inverse)
+        return out, None, None, None
 
 
 def _check_inplace_autograd(opname: str, q: torch.Tensor, k: torch.Tensor) -> None:
@@ -614,31 +595,31 @@ def _check_inplace_autograd(opname: str, q: torch.Tensor, k: torch.Tensor) -> No
                                "instead (qkv[:, :, 0]), or use the out-of-place op")
 
 
-def _register_inplace(name: str, split, inverse_fn) -> None:
+def _register_inplace(name: str) -> None:
     op = getattr(torch.ops.posenc, name).default
     opname = f"posenc.{name}"
+    iq, ik = _arg_index(name, "q"), _arg_index(name, "k")  # the tensors the in-place ops write
 
     def autograd_kernel(keyset, *args):
-        q, k = args[0], args[1]
+        q, k = args[iq], args[ik]
         if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)):
             with torch._C._AutoDispatchBelowAutograd():
                 return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
         _check_inplace_autograd(opname, q, k)
-        saved, ctx_args = split(args)
-        _no_grad_for(opname, **dict(zip(("cos", "sin") if "cos" in name else ("positions", "cu_seqlens", "inv_freq"),
-                                        saved)))
+        a = bind(name, args)
+        _no_grad_for(opname, a)
         run = args
         for t in (q, k):
             if t.requires_grad:
-                _RotatedInPlace.apply(t, run, op, ctx_args, saved, inverse_fn)
+                _RotatedInPlace.apply(t, run, name, a)
                 run = None  # the first node rotated both; the second only records k's rotation
         return None
 
     _IMPL_LIB.impl(name, autograd_kernel, "Autograd", with_keyset=True)
 
 
-_register_inplace("rope_", lambda a: ((a[2], a[3], a[4]), (a[5], a[6], a[7], a[8], a[9])), _inverse_rope)
-_register_inplace("rope_cos_sin_", lambda a: ((a[2], a[3], a[4]), (a[5], a[6])), _inverse_rope_cos_sin)
+_register_inplace("rope_")
+_register_inplace("rope_cos_sin_")
 
 
 # --------------------------------------------------------------------------------------------
@@ -662,9 +643,10 @@ def _register_version_bump(name: str) -> None:
     op = getattr(torch.ops.posenc, name).default
     opname = f"posenc.{name}"
     after_keyset = torch._C._after_ADInplaceOrView_keyset
+    iq, ik = _arg_index(name, "q"), _arg_index(name, "k")
 
     def ad_inplace_or_view_kernel(keyset, *args):
-        q, k = args[0], args[1]
+        q, k = args[iq], args[ik]
         _check_not_inference(opname, q, k)
         op.redispatch(keyset & after_keyset, *args)
         torch._C._increment_version((q, k))

@@ -236,77 +236,19 @@ def _axis_layout_inv_freq(inv_freq: torch.Tensor, mrope_section, mrope_interleav
     return axis_inv_freq(inv_freq, mrope_pair_axes(section, interleaved), len(section))
 
 
-def _resolve_rope_args(q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset,
-                       cu_seqlens, rotary_dim, mrope_section=None, mrope_interleaved=False):
-    n = _LAYOUT_DIMS.get(layout) if isinstance(layout, str) else None
-    if n is None:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    Tensor = torch.Tensor
-    # one cheap test for the common call (this runs on every decode step); the named checks only
-    # run to explain a failure
-    if not (isinstance(q, Tensor) and q.dim() == n and (k is None or (isinstance(k, Tensor) and k.dim() == n))
-            and (positions is None or isinstance(positions, Tensor))
-            and (cu_seqlens is None or isinstance(cu_seqlens, Tensor))
-            and (inv_freq is None or isinstance(inv_freq, Tensor))):
-        shape_text = "[tokens, heads, head_dim]" if layout == "thd" else f"{n}-D ({layout})"
-        _check_tensor("q", q, dims=(n,), shape_text=shape_text + f" for layout {layout!r}")
-        _check_tensor("k", k, optional=True, dims=(n,), shape_text=shape_text + f" for layout {layout!r}")
-        _check_tensor("positions", positions, optional=True)
-        _check_tensor("cu_seqlens", cu_seqlens, optional=True)
-        _check_tensor("inv_freq", inv_freq, optional=True)
-    offset = _check_int("offset", offset)
-    if isinstance(offset, int) and not -(2 ** 63) <= offset < 2 ** 63:
-        raise ValueError(f"offset must fit in int64, got {offset}")
-    rotary_dim = _check_int("rotary_dim", rotary_dim, optional=True)
-    head_dim = q.shape[-1]
-    if config is not None:
-        if not isinstance(config, RopeConfig):
-            raise TypeError(f"config must be a RopeConfig, got {type(config).__name__}")
-        if inv_freq is not None:
-            raise ValueError("pass either config or inv_freq, not both")
-        if rotary_dim is not None and rotary_dim != config.rotary_dim:
-            raise ValueError(f"rotary_dim={rotary_dim} disagrees with config.rotary_dim={config.rotary_dim}")
-        if config.head_dim != head_dim:
-            raise ValueError(f"q's head_dim is {head_dim} but config.head_dim is {config.head_dim}")
-        if mrope_section is not None or mrope_interleaved:
-            raise ValueError("with config=, the axis layout comes from config.mrope_section / mrope_interleaved; "
-                             "do not pass mrope_section= or mrope_interleaved=")
-        # frequencies cached per (config, device, regime), attention factor computed once: no host
-        # work that depends only on the config, and positions are read only when the scheme needs it
-        seq_len = rope_seq_len(config, q, positions, layout, offset, cu_seqlens) if config.needs_seq_len else None
-        return (_empty_k(q, layout) if k is None else k, config.op_inv_freq_on(q.device, seq_len),
-                config.attention_factor, config.interleaved, offset)
-    if inv_freq is None:
-        raise ValueError("apply_rope needs config= or inv_freq=")
-    if rotary_dim is not None:
-        if rotary_dim % 2 or rotary_dim <= 0 or rotary_dim > head_dim:
-            raise ValueError(f"rotary_dim must be even and in [2, head_dim={head_dim}], got {rotary_dim}")
-        if rotary_dim != 2 * inv_freq.shape[-1]:
-            raise ValueError(f"rotary_dim={rotary_dim} but inv_freq has {inv_freq.shape[-1]} frequencies "
-                             f"(rotary_dim {2 * inv_freq.shape[-1]})")
-    if mrope_section is not None:
-        inv_freq = _axis_layout_inv_freq(inv_freq, mrope_section, mrope_interleaved)
-    elif mrope_interleaved:
-        raise ValueError("mrope_interleaved=True needs mrope_section= (the pairs of each axis)")
-    if k is None:
-        k = _empty_k(q, layout)
-    return k, inv_freq, _check_float("attention_factor", attention_factor), _check_bool("interleaved", interleaved), offset
-
-
-# --------------------------------------------------------------------------------------------
 # Decode fast path (issue 9). At decode a call rotates a few kilobytes, so the op's dispatch costs
 # as much as the kernel: going through the Autograd key alone (a Python kernel, registered below)
 # costs several microseconds, the _AutoDispatchBelowAutograd context that skips it ~0.5 us. When
 # nothing is to be recorded or intercepted (eager mode, plain CPU tensors, no gradient wanted, no
-# mode, functorch transform or profiler active), the wrappers call the CPU kernel straight away
-# (redispatch with the CPU key alone) and bump q and k's version counters themselves: exactly what
-# the Autograd and ADInplaceOrView kernels do in that case. Inference tensors take the general
-# path (whose checks refuse an in-place update outside inference mode).
+# mode, functorch transform or profiler active), _rope calls the CPU kernel straight away
+# (redispatch with the CPU key alone) and bumps q and k's version counters itself: exactly what
+# the Autograd and ADInplaceOrView kernels do in that case. An inference tensor written in place
+# outside inference mode takes the general path (whose checks refuse it).
 
 _Tensor = torch.Tensor
 _is_compiling = torch.compiler.is_compiling
-_is_grad_enabled = torch.is_grad_enabled
 _increment_version = torch._C._increment_version
+_inference_mode = torch.is_inference_mode_enabled
 try:
     _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
     _ROPE_CPU = torch.ops.posenc.rope.default._handle.redispatch_boxed
@@ -320,30 +262,110 @@ except AttributeError:  # another torch: no fast path, same results
     _FAST = False
 
 
-def _rope_direct(q, k, positions, config, layout, offset, in_place: bool = False):
-    """``apply_rope(q, k, positions, config=config, layout=layout, offset=offset)`` (``apply_rope_``
-    when ``in_place``) by the fast path above: its ``(q, k)``, or None where the general path must
-    run. Checks what _resolve_rope_args checks for this call, cheapest first; anything unusual (or a
-    config's first call, before its CPU frequencies are cached) takes the general path.
-    RotaryEmbedding.forward calls it too."""
-    if _is_compiling() or not (_FAST and type(q) is _Tensor and type(k) is _Tensor and type(config) is RopeConfig
-                               and (positions is None or type(positions) is _Tensor) and type(offset) is int):
-        return None  # (first: torch.compile traces the general path, reading nothing else here)
-    plain = config._frequencies.cpu_plain  # (inv_freq, attention_factor, interleaved, head_dim)
-    n = _LAYOUT_DIMS.get(layout) if type(layout) is str else None
-    if plain is None or n is None or not q.is_cpu:
-        return None
-    shape = q.shape
-    if (len(shape) != n or shape[n - 1] != plain[3] or k.dim() != n or not -(2 ** 63) <= offset < 2 ** 63
-            or (_is_grad_enabled() and (q.requires_grad or k.requires_grad))
-            or (in_place and (q.is_inference() or k.is_inference()))
-            or _functorch_active() or _dispatch_modes() or _function_modes() or _profiling()):
-        return None
-    if in_place:
-        _ROPE_CPU_(_CPU_KEYS, q, k, positions, None, plain[0], plain[1], plain[2], layout, offset, False)
-        _increment_version((q, k))  # after the write, as ADInplaceOrView does
-        return q, k
-    return _ROPE_CPU(_CPU_KEYS, q, k, positions, None, plain[0], plain[1], plain[2], layout, offset, False)
+def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset,
+          cu_seqlens, rotary_dim, mrope_section, mrope_interleaved):
+    """One call of :func:`apply_rope` (:func:`apply_rope_` when ``in_place``; RotaryEmbedding.forward
+    calls apply_rope), in three steps:
+
+    1. every check made in Python: a TypeError/ValueError naming the argument (the op checks the
+       rest, shapes against each other, dtypes, devices and positions, on either path);
+    2. the decode fast path (above), which only decides whether the call may skip the dispatcher;
+    3. else the general path.
+
+    Both paths run after the same checks, so they refuse the same calls: a check that can reject a
+    call belongs in step 1. (The general path checks only what the fast path never sees:
+    cu_seqlens and an inv_freq axis layout.)"""
+    # -- 1. checks
+    n = _LAYOUT_DIMS.get(layout) if isinstance(layout, str) else None
+    if n is None:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    Tensor = torch.Tensor
+    # one cheap test for the common call (this runs on every decode step); the named checks only
+    # run to explain a failure
+    if not (isinstance(q, Tensor) and len(shape := q.shape) == n
+            and (k is None or (isinstance(k, Tensor) and k.dim() == n))
+            and (positions is None or isinstance(positions, Tensor))
+            and (cu_seqlens is None or isinstance(cu_seqlens, Tensor))
+            and (inv_freq is None or isinstance(inv_freq, Tensor))):
+        shape_text = "[tokens, heads, head_dim]" if layout == "thd" else f"{n}-D ({layout})"
+        _check_tensor("q", q, dims=(n,), shape_text=shape_text + f" for layout {layout!r}")
+        _check_tensor("k", k, optional=True, dims=(n,), shape_text=shape_text + f" for layout {layout!r}")
+        _check_tensor("positions", positions, optional=True)
+        _check_tensor("cu_seqlens", cu_seqlens, optional=True)
+        _check_tensor("inv_freq", inv_freq, optional=True)
+    if type(offset) is not int:
+        offset = _check_int("offset", offset)
+    if isinstance(offset, int) and not -(2 ** 63) <= offset < 2 ** 63:
+        raise ValueError(f"offset must fit in int64, got {offset}")
+    if rotary_dim is not None:
+        rotary_dim = _check_int("rotary_dim", rotary_dim)
+    head_dim = shape[-1]
+    if config is not None:
+        if not isinstance(config, RopeConfig):
+            raise TypeError(f"config must be a RopeConfig, got {type(config).__name__}")
+        if config.head_dim != head_dim:
+            raise ValueError(f"q's head_dim is {head_dim} but config.head_dim is {config.head_dim}")
+        if inv_freq is not None:
+            raise ValueError("pass either config or inv_freq, not both")
+        if rotary_dim is not None and rotary_dim != config.rotary_dim:
+            raise ValueError(f"rotary_dim={rotary_dim} disagrees with config.rotary_dim={config.rotary_dim}")
+        if mrope_section is not None or mrope_interleaved:
+            raise ValueError("with config=, the axis layout comes from config.mrope_section / mrope_interleaved; "
+                             "do not pass mrope_section= or mrope_interleaved=")
+    else:
+        if inv_freq is None:
+            raise ValueError("apply_rope needs config= or inv_freq=")
+        if rotary_dim is not None:
+            if rotary_dim % 2 or rotary_dim <= 0 or rotary_dim > head_dim:
+                raise ValueError(f"rotary_dim must be even and in [2, head_dim={head_dim}], got {rotary_dim}")
+            if rotary_dim != 2 * inv_freq.shape[-1]:
+                raise ValueError(f"rotary_dim={rotary_dim} but inv_freq has {inv_freq.shape[-1]} frequencies "
+                                 f"(rotary_dim {2 * inv_freq.shape[-1]})")
+        if mrope_section is None and mrope_interleaved:
+            raise ValueError("mrope_interleaved=True needs mrope_section= (the pairs of each axis)")
+        attention_factor = _check_float("attention_factor", attention_factor)
+        interleaved = _check_bool("interleaved", interleaved)
+
+    # -- 2. decode fast path: a config's CPU frequencies cached (not on its first call), plain CPU
+    # tensors, nothing to record or intercept (is_compiling first: torch.compile traces step 3)
+    if (config is not None and cu_seqlens is None and not _is_compiling() and _FAST and type(q) is _Tensor
+            and type(k) is _Tensor and type(config) is RopeConfig and (positions is None or type(positions) is _Tensor)
+            and type(offset) is int):
+        plain = config._frequencies.cpu_plain  # (inv_freq, attention_factor, interleaved, head_dim)
+        if (plain is not None and q.is_cpu and not (q.requires_grad or k.requires_grad)
+                and not (in_place and (q.is_inference() or k.is_inference()) and not _inference_mode())
+                and not (_functorch_active() or _dispatch_modes() or _function_modes() or _profiling())):
+            out = (_ROPE_CPU_ if in_place else _ROPE_CPU)(_CPU_KEYS, q, k, positions, None, plain[0], plain[1],
+                                                          plain[2], layout, offset, False)
+            if in_place:
+                _increment_version((q, k))  # after the write, as ADInplaceOrView does
+                return q, k
+            return out
+
+    # -- 3. general path
+    k_arg = _empty_k(q, layout) if k is None else k
+    if config is not None:
+        # frequencies cached per (config, device, regime), attention factor computed once: no host
+        # work that depends only on the config, and positions are read only when the scheme needs it
+        seq_len = rope_seq_len(config, q, positions, layout, offset, cu_seqlens) if config.needs_seq_len else None
+        inv_freq, attention_factor, interleaved = (config.op_inv_freq_on(q.device, seq_len), config.attention_factor,
+                                                   config.interleaved)
+    elif mrope_section is not None:
+        inv_freq = _axis_layout_inv_freq(inv_freq, mrope_section, mrope_interleaved)
+    args = (q, k_arg, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, False)
+    if not in_place:
+        with _autograd_skipped(q, k_arg):
+            q_out, k_out = torch.ops.posenc.rope(*args)
+        return q_out, (k_out if k is not None else None)
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k_arg.requires_grad)):
+        torch.ops.posenc.rope_(*args)
+    else:  # what the Autograd and ADInplaceOrView kernels (below) would do, without their Python round trips
+        if q.is_inference() or k_arg.is_inference():
+            _check_not_inference("posenc.rope_", q, k_arg)
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            torch.ops.posenc.rope_(*args)
+        torch._C._increment_version((q, k_arg))
+    return q, k
 
 
 _NO_SKIP = contextlib.nullcontext()
@@ -392,17 +414,8 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Opt
 
     Differentiable with respect to q and k (the backward is the transposed rotation).
     """
-    if config is not None and inv_freq is None and cu_seqlens is None and rotary_dim is None:
-        out = _rope_direct(q, k, positions, config, layout, offset)
-        if out is not None:
-            return out
-    k_arg, inv_freq, attention_factor, interleaved, offset = _resolve_rope_args(
-        q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens, rotary_dim,
-        mrope_section, mrope_interleaved)
-    with _autograd_skipped(q, k_arg):
-        q_out, k_out = torch.ops.posenc.rope(q, k_arg, positions, cu_seqlens, inv_freq, attention_factor,
-                                             interleaved, layout, offset, False)
-    return q_out, (k_out if k is not None else None)
+    return _rope(False, q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens,
+                 rotary_dim, mrope_section, mrope_interleaved)
 
 
 def apply_rope_(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None, *,
@@ -417,23 +430,8 @@ def apply_rope_(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Op
     bumped; a leaf that requires grad is refused under grad mode; a non-leaf that requires grad gets
     the in-place gradient (the inverse rotation). Out-of-place :func:`apply_rope` is the usual choice
     for training. Positions with an axis layout as in :func:`apply_rope`."""
-    if config is not None and inv_freq is None and cu_seqlens is None and rotary_dim is None:
-        out = _rope_direct(q, k, positions, config, layout, offset, True)
-        if out is not None:
-            return out
-    k_arg, inv_freq, attention_factor, interleaved, offset = _resolve_rope_args(
-        q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens, rotary_dim,
-        mrope_section, mrope_interleaved)
-    args = (q, k_arg, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, False)
-    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k_arg.requires_grad)):
-        torch.ops.posenc.rope_(*args)
-    else:  # what the Autograd and ADInplaceOrView kernels (below) would do, without their Python round trips
-        if q.is_inference() or k_arg.is_inference():
-            _check_not_inference("posenc.rope_", q, k_arg)
-        with torch._C._AutoDispatchBelowADInplaceOrView():
-            torch.ops.posenc.rope_(*args)
-        torch._C._increment_version((q, k_arg))
-    return q, k
+    return _rope(True, q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens,
+                 rotary_dim, mrope_section, mrope_interleaved)
 
 
 def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

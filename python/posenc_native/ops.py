@@ -279,14 +279,13 @@ def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, i
     n = _LAYOUT_DIMS.get(layout) if isinstance(layout, str) else None
     if n is None:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    Tensor = torch.Tensor
     # one cheap test for the common call (this runs on every decode step); the named checks only
     # run to explain a failure
-    if not (isinstance(q, Tensor) and len(shape := q.shape) == n
-            and (k is None or (isinstance(k, Tensor) and k.dim() == n))
-            and (positions is None or isinstance(positions, Tensor))
-            and (cu_seqlens is None or isinstance(cu_seqlens, Tensor))
-            and (inv_freq is None or isinstance(inv_freq, Tensor))):
+    if not (isinstance(q, _Tensor) and len(shape := q.shape) == n
+            and (k is None or (isinstance(k, _Tensor) and k.dim() == n))
+            and (positions is None or isinstance(positions, _Tensor))
+            and (cu_seqlens is None or isinstance(cu_seqlens, _Tensor))
+            and (inv_freq is None or isinstance(inv_freq, _Tensor))):
         shape_text = "[tokens, heads, head_dim]" if layout == "thd" else f"{n}-D ({layout})"
         _check_tensor("q", q, dims=(n,), shape_text=shape_text + f" for layout {layout!r}")
         _check_tensor("k", k, optional=True, dims=(n,), shape_text=shape_text + f" for layout {layout!r}")
@@ -327,10 +326,10 @@ def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, i
         interleaved = _check_bool("interleaved", interleaved)
 
     # -- 2. decode fast path: a config's CPU frequencies cached (not on its first call), plain CPU
-    # tensors, nothing to record or intercept (is_compiling first: torch.compile traces step 3)
+    # tensors, nothing to record or intercept (is_compiling first: torch.compile traces step 3;
+    # outside it, step 1 made offset an int)
     if (config is not None and cu_seqlens is None and not _is_compiling() and _FAST and type(q) is _Tensor
-            and type(k) is _Tensor and type(config) is RopeConfig and (positions is None or type(positions) is _Tensor)
-            and type(offset) is int):
+            and type(k) is _Tensor and type(config) is RopeConfig and (positions is None or type(positions) is _Tensor)):
         plain = config._frequencies.cpu_plain  # (inv_freq, attention_factor, interleaved, head_dim)
         if (plain is not None and q.is_cpu and not (q.requires_grad or k.requires_grad)
                 and not (in_place and (q.is_inference() or k.is_inference()) and not _inference_mode())

@@ -1,7 +1,7 @@
-"""The decode fast path of apply_rope / apply_rope_ with config= (ops.py, _rope_direct): when it
-is taken the results and torch's in-place rules are those of the general path, and it steps aside
-whenever something must record or intercept the call (grad mode, modes, the profiler, inference
-tensors)."""
+"""The decode fast path of apply_rope / apply_rope_ with config= and RotaryEmbedding (ops.py,
+_rope): when it is taken the results and torch's in-place rules are those of the general path, it
+refuses exactly the calls the general path refuses, and it steps aside whenever something must
+record or intercept the call (grad, modes, the profiler, inference tensors outside inference mode)."""
 from __future__ import annotations
 
 import pytest
@@ -28,6 +28,16 @@ def _decode_inputs(B: int = 3, dtype=torch.float32):
     return q, k, pos
 
 
+def _watch_fast_path(monkeypatch) -> list:
+    """The names of the fast path's kernel calls from now on (ops._ROPE_CPU / _ROPE_CPU_, which
+    ops._rope reads at call time)."""
+    calls = []
+    for name in ("_ROPE_CPU", "_ROPE_CPU_"):
+        real = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *args, _real=real, _name=name: (calls.append(_name), _real(*args))[1])
+    return calls
+
+
 def _warm(config: pn.RopeConfig) -> None:
     """A config's first call takes the general path and caches its CPU frequencies."""
     q, k, pos = _decode_inputs()
@@ -37,24 +47,26 @@ def _warm(config: pn.RopeConfig) -> None:
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("partial", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fast_path_matches_reference(interleaved, partial, dtype):
+def test_fast_path_matches_reference(interleaved, partial, dtype, monkeypatch):
     config = _config(interleaved, partial)
     _warm(config)
     q, k, pos = _decode_inputs(dtype=dtype)
-    assert ops._rope_direct(q.clone(), k.clone(), pos, config, "bshd", 7, True) is not None  # the path under test
+    calls = _watch_fast_path(monkeypatch)
     want_q, want_k = reference.apply_rope(q.double(), k.double(), pos, config, offset=7)
     tol = 2e-6 if dtype == torch.float32 else 1e-2
     got_q, got_k = pn.apply_rope(q, k, pos, config=config, offset=7)
+    assert calls == ["_ROPE_CPU"]  # the path under test
     assert got_q.dtype == dtype and not torch.equal(got_q, q)
     torch.testing.assert_close(got_q.double(), want_q, atol=tol, rtol=0)
     torch.testing.assert_close(got_k.double(), want_k, atol=tol, rtol=0)
     q2, k2 = q.clone(), k.clone()
     out_q, out_k = pn.apply_rope_(q2, k2, pos, config=config, offset=7)
+    assert calls == ["_ROPE_CPU", "_ROPE_CPU_"]
     assert out_q is q2 and out_k is k2
     assert torch.equal(q2, got_q) and torch.equal(k2, got_k)  # the same kernel, in place
 
 
-def test_fast_path_bumps_versions_and_stale_backward_is_caught():
+def test_fast_path_bumps_versions_and_stale_backward_is_caught(monkeypatch):
     config = _config()
     _warm(config)
     x = torch.randn(2, 1, 4, 64, generator=GEN, requires_grad=True)
@@ -63,15 +75,16 @@ def test_fast_path_bumps_versions_and_stale_backward_is_caught():
     k = torch.randn(2, 1, 2, 64, generator=GEN)
     pos = torch.tensor([[5], [9]])
     vy, vk = y._version, k._version
+    calls = _watch_fast_path(monkeypatch)
     with torch.no_grad():
-        assert ops._rope_direct(y.clone(), k.clone(), pos, config, "bshd", 0, True) is not None  # the path under test
-        pn.apply_rope_(y, k, pos, config=config)
+        pn.apply_rope_(y.detach(), k, pos, config=config)  # (y itself requires grad: the general path)
+    assert calls == ["_ROPE_CPU_"]  # the path under test
     assert y._version > vy and k._version > vk
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         z.sum().backward()
 
 
-def test_fast_path_steps_aside_for_grad_and_inference_tensors():
+def test_fast_path_steps_aside_for_grad_and_inference_tensors(monkeypatch):
     config = _config()
     _warm(config)
     leaf = torch.randn(1, 1, 4, 64, generator=GEN, requires_grad=True)
@@ -94,8 +107,10 @@ def test_fast_path_steps_aside_for_grad_and_inference_tensors():
         kt = torch.randn(1, 1, 2, 64)
     with pytest.raises(RuntimeError, match="Inplace update to inference tensor outside InferenceMode"):
         pn.apply_rope_(t, kt, pos, config=config)
-    with torch.inference_mode():
+    calls = _watch_fast_path(monkeypatch)
+    with torch.inference_mode():  # inside inference mode, inference tensors may be written: the fast path
         got, _ = pn.apply_rope_(t.clone(), kt.clone(), pos, config=config)
+    assert calls == ["_ROPE_CPU_"]
     want, _ = reference.apply_rope(t.double(), None, pos, config)
     torch.testing.assert_close(got.double(), want, atol=2e-6, rtol=0)
 
@@ -125,14 +140,15 @@ def test_fast_path_steps_aside_for_modes_and_profiler(in_place):
     assert any(e.name == name.rsplit(".", 1)[0].replace(".", "::") for e in prof.events())
 
 
-def test_module_fast_path_matches_reference_and_leaves_inputs():
+def test_module_fast_path_matches_reference_and_leaves_inputs(monkeypatch):
     config = _config()
     module = pn.RotaryEmbedding(config)
     _warm(config)
     q, k, pos = _decode_inputs()
     q0, k0 = q.clone(), k.clone()
-    assert ops._rope_direct(q, k, pos, config, "bshd", 0) is not None  # the path under test
+    calls = _watch_fast_path(monkeypatch)
     got_q, got_k = module(q, k, pos)
+    assert calls == ["_ROPE_CPU"]  # the path under test
     want_q, want_k = reference.apply_rope(q.double(), k.double(), pos, config)
     torch.testing.assert_close(got_q.double(), want_q, atol=2e-6, rtol=0)
     torch.testing.assert_close(got_k.double(), want_k, atol=2e-6, rtol=0)
@@ -143,7 +159,7 @@ def test_module_fast_path_matches_reference_and_leaves_inputs():
 
 
 @pytest.mark.parametrize("plain_first", [False, True])
-def test_fast_path_mrope_uses_the_axis_frequencies(plain_first):
+def test_fast_path_mrope_uses_the_axis_frequencies(plain_first, monkeypatch):
     """An MRoPE config caches two CPU frequency forms (1-D inv_freq_on, the ops' [axes, pairs]); the
     fast path must take the latter, whichever was filled first, so per-axis positions work there."""
     config = pn.RopeConfig(head_dim=64, base=1000000.0, mrope_section=(8, 12, 12))
@@ -153,9 +169,57 @@ def test_fast_path_mrope_uses_the_axis_frequencies(plain_first):
     k = torch.randn(2, 1, 2, 64, generator=GEN, dtype=torch.float64).float()
     pos = torch.randint(0, 5000, (3, 2, 1), generator=GEN)  # time, height, width ids differ
     pn.apply_rope(q, k, pos, config=config)  # the first call caches; then the fast path is taken
-    assert ops._rope_direct(q.clone(), k.clone(), pos, config, "bshd", 0, True) is not None
     want_q, want_k = reference.apply_rope(q.double(), k.double(), pos, config)
     q2, k2 = q.clone(), k.clone()
+    calls = _watch_fast_path(monkeypatch)
     pn.apply_rope_(q2, k2, pos, config=config)
+    assert calls == ["_ROPE_CPU_"]
     torch.testing.assert_close(q2.double(), want_q, atol=2e-6, rtol=0)
     torch.testing.assert_close(k2.double(), want_k, atol=2e-6, rtol=0)
+
+
+def _bad_decode_calls():
+    """Calls the fast path would take if they were valid (warm config, plain CPU tensors, no grad)."""
+    q = torch.randn(2, 1, 4, 64, generator=GEN)
+    k = torch.randn(2, 1, 2, 64, generator=GEN)
+    pos = torch.tensor([[5], [9]])
+    return [
+        ("mrope_section with config", lambda f, c: f(q.clone(), k.clone(), pos, config=c, mrope_section=(8, 12, 12))),
+        ("mrope_interleaved with config", lambda f, c: f(q.clone(), k.clone(), pos, config=c, mrope_interleaved=True)),
+        ("inv_freq with config", lambda f, c: f(q.clone(), k.clone(), pos, config=c, inv_freq=c.inv_freq())),
+        ("rotary_dim disagrees", lambda f, c: f(q.clone(), k.clone(), pos, config=c, rotary_dim=32)),
+        ("head_dim disagrees", lambda f, c: f(q[..., :32].clone(), k[..., :32].clone(), pos, config=c)),
+        ("bad layout", lambda f, c: f(q.clone(), k.clone(), pos, config=c, layout="bsdh")),
+        ("k of another rank", lambda f, c: f(q.clone(), k[0].clone(), pos, config=c)),
+        ("offset past int64", lambda f, c: f(q.clone(), k.clone(), pos, config=c, offset=2 ** 63)),
+        ("offset a float", lambda f, c: f(q.clone(), k.clone(), pos, config=c, offset=1.5)),
+        ("positions a list", lambda f, c: f(q.clone(), k.clone(), [[5], [9]], config=c)),
+        ("float positions", lambda f, c: f(q.clone(), k.clone(), pos.float(), config=c)),  # the op's check
+        ("positions of another batch", lambda f, c: f(q.clone(), k.clone(), pos[:1].expand(3, 1), config=c)),
+        ("k of another dtype", lambda f, c: f(q.clone(), k.double(), pos, config=c)),  # the op's check
+    ]
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("case", range(len(_bad_decode_calls())))
+def test_fast_and_general_path_refuse_the_same_calls(case, in_place, monkeypatch):
+    """Each bad call raises the same error with the fast path enabled (its eligibility met) as on
+    the general path alone (ops._FAST off), and writes nothing."""
+    config = _config()
+    _warm(config)
+    name, call = _bad_decode_calls()[case]
+    fn = pn.apply_rope_ if in_place else pn.apply_rope
+    errors = []
+    for fast in (True, False):
+        monkeypatch.setattr(ops, "_FAST", fast)
+        with pytest.raises((TypeError, ValueError, RuntimeError)) as e:
+            call(fn, config)
+        errors.append((type(e.value), str(e.value)))
+    assert errors[0] == errors[1], name
+    if in_place:  # a refused call writes nothing: the checks run before the kernel on either path
+        q = torch.randn(2, 1, 4, 64, generator=GEN)
+        before = q.clone()
+        monkeypatch.setattr(ops, "_FAST", True)
+        with pytest.raises((TypeError, ValueError, RuntimeError)):
+            pn.apply_rope_(q, None, torch.tensor([[1], [2]]), config=config, mrope_section=(8, 12, 12))
+        assert torch.equal(q, before)

@@ -19,6 +19,7 @@ from typing import Optional, Union
 import torch
 
 from ._library import load_library
+from ._op_args import bind, call, input_grads
 
 load_library()
 
@@ -123,88 +124,93 @@ def alibi_bias(slopes: torch.Tensor, query_length: int, key_length: int, *, quer
 
 
 @torch.library.register_fake("posenc::t5_relative_position_bucket")
-def _bucket_fake(relative_position, bidirectional, num_buckets, max_distance):
-    torch._check(relative_position.dtype in (torch.int32, torch.int64), lambda: "posenc.t5_relative_position_bucket: "
-                 f"relative_position must be int32 or int64, got {relative_position.dtype}")
-    return torch.empty(relative_position.shape, dtype=torch.int64, device=relative_position.device)
+def _bucket_fake(*args):
+    rp = bind("t5_relative_position_bucket", args).relative_position
+    torch._check(rp.dtype in (torch.int32, torch.int64), lambda: "posenc.t5_relative_position_bucket: "
+                 f"relative_position must be int32 or int64, got {rp.dtype}")
+    return torch.empty(rp.shape, dtype=torch.int64, device=rp.device)
 
 
 @torch.library.register_fake("posenc::relative_position_bias")
-def _relative_position_bias_fake(weight, query_length, key_length, bidirectional, num_buckets, max_distance,
-                                 query_offset):
+def _relative_position_bias_fake(*args):
+    a = bind("relative_position_bias", args)
+    weight = a.weight
     torch._check(weight.dim() == 2, lambda: "posenc.relative_position_bias: weight must be [num_buckets, heads], "
                  f"got {weight.dim()}-D")
-    torch._check(weight.shape[0] == num_buckets, lambda: "posenc.relative_position_bias: weight must be "
-                 f"[num_buckets = {num_buckets}, heads], got shape {tuple(weight.shape)}")
-    return weight.new_empty((1, weight.shape[1], query_length, key_length))
+    torch._check(weight.shape[0] == a.num_buckets, lambda: "posenc.relative_position_bias: weight must be "
+                 f"[num_buckets = {a.num_buckets}, heads], got shape {tuple(weight.shape)}")
+    return weight.new_empty((1, weight.shape[1], a.query_length, a.key_length))
 
 
 @torch.library.register_fake("posenc::relative_position_bias_backward")
-def _relative_position_bias_backward_fake(grad, bidirectional, num_buckets, max_distance, query_offset):
-    torch._check(grad.dim() == 4,
-                 lambda: f"posenc.relative_position_bias_backward: grad must be 4-D, got {grad.dim()}-D")
-    return grad.new_empty((num_buckets, grad.shape[1]))
+def _relative_position_bias_backward_fake(*args):
+    a = bind("relative_position_bias_backward", args)
+    torch._check(a.grad.dim() == 4,
+                 lambda: f"posenc.relative_position_bias_backward: grad must be 4-D, got {a.grad.dim()}-D")
+    return a.grad.new_empty((a.num_buckets, a.grad.shape[1]))
 
 
 @torch.library.register_fake("posenc::alibi_bias")
-def _alibi_bias_fake(slopes, query_length, key_length, query_offset, dtype):
+def _alibi_bias_fake(*args):
+    a = bind("alibi_bias", args)
+    slopes = a.slopes
     torch._check(slopes.dim() == 1, lambda: f"posenc.alibi_bias: slopes must be 1-D [heads], got {slopes.dim()}-D")
-    return slopes.new_empty((1, slopes.shape[0], query_length, key_length), dtype=dtype or slopes.dtype)
+    return slopes.new_empty((1, slopes.shape[0], a.query_length, a.key_length), dtype=a.dtype or slopes.dtype)
 
 
 @torch.library.register_fake("posenc::alibi_bias_backward")
-def _alibi_bias_backward_fake(grad, query_offset):
+def _alibi_bias_backward_fake(*args):
+    grad = bind("alibi_bias_backward", args).grad
     torch._check(grad.dim() == 4, lambda: f"posenc.alibi_bias_backward: grad must be 4-D, got {grad.dim()}-D")
     return grad.new_empty((grad.shape[1],))
 
 
 # --------------------------------------------------------------------------------------------
 # Autograd. Both biases are linear in their parameter; each backward op is the adjoint of its
-# forward, so the backward of a backward is the forward again (double backward works).
+# forward, so the backward of a backward is the forward again (double backward works). The
+# adjoint pairs share their argument names (csrc/registration.h); call() passes them on by name.
 
 
 def _bias_setup(ctx, inputs, output):
-    weight, query_length, key_length, bidirectional, num_buckets, max_distance, query_offset = inputs
-    ctx.args = (bidirectional, num_buckets, max_distance, query_offset)
+    ctx.args = bind("relative_position_bias", inputs)._replace(weight=None)
 
 
 def _bias_backward(ctx, grad):
-    bidirectional, num_buckets, max_distance, query_offset = ctx.args
-    gw = torch.ops.posenc.relative_position_bias_backward(grad, bidirectional, num_buckets, max_distance, query_offset)
-    return gw, None, None, None, None, None, None
+    gw = call("relative_position_bias_backward", ctx.args, grad=grad)
+    return input_grads(ctx.args, weight=gw)
 
 
 def _bias_backward_setup(ctx, inputs, output):
-    grad, bidirectional, num_buckets, max_distance, query_offset = inputs
-    ctx.args = (grad.shape[2], grad.shape[3], bidirectional, num_buckets, max_distance, query_offset)
+    a = bind("relative_position_bias_backward", inputs)
+    ctx.args = a._replace(grad=None)
+    ctx.forward_sizes = {"query_length": a.grad.shape[2], "key_length": a.grad.shape[3]}
 
 
 def _bias_backward_backward(ctx, grad_weight):
-    query_length, key_length, bidirectional, num_buckets, max_distance, query_offset = ctx.args
-    gg = torch.ops.posenc.relative_position_bias(grad_weight.contiguous(), query_length, key_length, bidirectional,
-                                                 num_buckets, max_distance, query_offset)
-    return gg, None, None, None, None
+    gg = call("relative_position_bias", ctx.args, weight=grad_weight.contiguous(), **ctx.forward_sizes)
+    return input_grads(ctx.args, grad=gg)
 
 
 def _alibi_setup(ctx, inputs, output):
-    slopes, query_length, key_length, query_offset, dtype = inputs
-    ctx.query_offset = query_offset
-    ctx.slopes_dtype = slopes.dtype
+    a = bind("alibi_bias", inputs)
+    ctx.args = a._replace(slopes=None)
+    ctx.slopes_dtype = a.slopes.dtype
 
 
 def _alibi_backward(ctx, grad):
-    gs = torch.ops.posenc.alibi_bias_backward(grad, ctx.query_offset)
-    return gs.to(ctx.slopes_dtype), None, None, None, None
+    gs = call("alibi_bias_backward", ctx.args, grad=grad)
+    return input_grads(ctx.args, slopes=gs.to(ctx.slopes_dtype))
 
 
 def _alibi_backward_setup(ctx, inputs, output):
-    grad, query_offset = inputs
-    ctx.args = (grad.shape[2], grad.shape[3], query_offset, grad.dtype)
+    a = bind("alibi_bias_backward", inputs)
+    ctx.args = a._replace(grad=None)
+    ctx.forward_args = {"query_length": a.grad.shape[2], "key_length": a.grad.shape[3], "dtype": a.grad.dtype}
 
 
 def _alibi_backward_backward(ctx, grad_slopes):
-    query_length, key_length, query_offset, dtype = ctx.args
-    return torch.ops.posenc.alibi_bias(grad_slopes, query_length, key_length, query_offset, dtype), None
+    gg = call("alibi_bias", ctx.args, slopes=grad_slopes, **ctx.forward_args)
+    return input_grads(ctx.args, grad=gg)
 
 
 torch.library.register_autograd("posenc::relative_position_bias", _bias_backward, setup_context=_bias_setup)

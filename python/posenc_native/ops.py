@@ -6,11 +6,13 @@ the op schemas of csrc/registration.cpp and teaches torch.compile/export and aut
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Optional, Sequence, Union
 
 import torch
 
 from ._library import load_library
+from ._op_args import arg_index as _arg_index, bind, call, input_grads, save_args, saved_args, tensor_fields
 from ._rope_math import HEAD_AXIS, LAYOUTS, SEQ_AXIS, axis_inv_freq, mrope_pair_axes, seq_len_from_positions
 from .config import RopeConfig
 
@@ -158,27 +160,31 @@ def add_sinusoidal(x: torch.Tensor, positions: Optional[torch.Tensor] = None, *,
 
 
 @torch.library.register_fake("posenc::sinusoidal_table")
-def _sinusoidal_table_fake(positions, dim, base, interleaved, freq_shift, angle_scale, cos_first, dtype):
-    torch._check(positions.dim() == 1, lambda: f"posenc.sinusoidal_table: positions must be 1-D, got {positions.dim()}-D")
-    torch._check(dim >= 2, lambda: f"posenc.sinusoidal_table: dim must be >= 2, got {dim}")
-    return positions.new_empty((positions.shape[0], dim), dtype=dtype)
+def _sinusoidal_table_fake(*args):
+    a = bind("sinusoidal_table", args)
+    torch._check(a.positions.dim() == 1,
+                 lambda: f"posenc.sinusoidal_table: positions must be 1-D, got {a.positions.dim()}-D")
+    torch._check(a.dim >= 2, lambda: f"posenc.sinusoidal_table: dim must be >= 2, got {a.dim}")
+    return a.positions.new_empty((a.positions.shape[0], a.dim), dtype=a.dtype)
 
 
 @torch.library.register_fake("posenc::add_sinusoidal")
-def _add_sinusoidal_fake(x, positions, x_scale, base, interleaved, freq_shift, angle_scale, cos_first):
+def _add_sinusoidal_fake(*args):
+    a = bind("add_sinusoidal", args)
+    x = a.x
     torch._check(x.dim() in (2, 3), lambda: f"posenc.add_sinusoidal: x must be 2-D or 3-D, got {x.dim()}-D")
-    torch._check(positions.device == x.device, lambda: "posenc.add_sinusoidal: positions must be on the same "
-                 f"device as x ({x.device}), got {positions.device}")
+    torch._check(a.positions.device == x.device, lambda: "posenc.add_sinusoidal: positions must be on the same "
+                 f"device as x ({x.device}), got {a.positions.device}")
     # Same layout rule as the C++ op: x's strides when its last dim is contiguous, else row-major.
     return torch.empty_like(x) if x.stride(-1) == 1 else x.new_empty(x.shape)
 
 
 def _add_sinusoidal_setup(ctx, inputs, output):
-    ctx.x_scale = inputs[2]
+    ctx.args = bind("add_sinusoidal", inputs)._replace(x=None, positions=None)
 
 
 def _add_sinusoidal_backward(ctx, grad):
-    return grad * ctx.x_scale, None, None, None, None, None, None, None
+    return input_grads(ctx.args, x=grad * ctx.args.x_scale)
 
 
 torch.library.register_autograd("posenc::add_sinusoidal", _add_sinusoidal_backward,
@@ -230,77 +236,19 @@ def _axis_layout_inv_freq(inv_freq: torch.Tensor, mrope_section, mrope_interleav
     return axis_inv_freq(inv_freq, mrope_pair_axes(section, interleaved), len(section))
 
 
-def _resolve_rope_args(q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset,
-                       cu_seqlens, rotary_dim, mrope_section=None, mrope_interleaved=False):
-    n = _LAYOUT_DIMS.get(layout) if isinstance(layout, str) else None
-    if n is None:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    Tensor = torch.Tensor
-    # one cheap test for the common call (this runs on every decode step); the named checks only
-    # run to explain a failure
-    if not (isinstance(q, Tensor) and q.dim() == n and (k is None or (isinstance(k, Tensor) and k.dim() == n))
-            and (positions is None or isinstance(positions, Tensor))
-            and (cu_seqlens is None or isinstance(cu_seqlens, Tensor))
-            and (inv_freq is None or isinstance(inv_freq, Tensor))):
-        shape_text = "[tokens, heads, head_dim]" if layout == "thd" else f"{n}-D ({layout})"
-        _check_tensor("q", q, dims=(n,), shape_text=shape_text + f" for layout {layout!r}")
-        _check_tensor("k", k, optional=True, dims=(n,), shape_text=shape_text + f" for layout {layout!r}")
-        _check_tensor("positions", positions, optional=True)
-        _check_tensor("cu_seqlens", cu_seqlens, optional=True)
-        _check_tensor("inv_freq", inv_freq, optional=True)
-    offset = _check_int("offset", offset)
-    if isinstance(offset, int) and not -(2 ** 63) <= offset < 2 ** 63:
-        raise ValueError(f"offset must fit in int64, got {offset}")
-    rotary_dim = _check_int("rotary_dim", rotary_dim, optional=True)
-    head_dim = q.shape[-1]
-    if config is not None:
-        if not isinstance(config, RopeConfig):
-            raise TypeError(f"config must be a RopeConfig, got {type(config).__name__}")
-        if inv_freq is not None:
-            raise ValueError("pass either config or inv_freq, not both")
-        if rotary_dim is not None and rotary_dim != config.rotary_dim:
-            raise ValueError(f"rotary_dim={rotary_dim} disagrees with config.rotary_dim={config.rotary_dim}")
-        if config.head_dim != head_dim:
-            raise ValueError(f"q's head_dim is {head_dim} but config.head_dim is {config.head_dim}")
-        if mrope_section is not None or mrope_interleaved:
-            raise ValueError("with config=, the axis layout comes from config.mrope_section / mrope_interleaved; "
-                             "do not pass mrope_section= or mrope_interleaved=")
-        # frequencies cached per (config, device, regime), attention factor computed once: no host
-        # work that depends only on the config, and positions are read only when the scheme needs it
-        seq_len = rope_seq_len(config, q, positions, layout, offset, cu_seqlens) if config.needs_seq_len else None
-        return (_empty_k(q, layout) if k is None else k, config.op_inv_freq_on(q.device, seq_len),
-                config.attention_factor, config.interleaved, offset)
-    if inv_freq is None:
-        raise ValueError("apply_rope needs config= or inv_freq=")
-    if rotary_dim is not None:
-        if rotary_dim % 2 or rotary_dim <= 0 or rotary_dim > head_dim:
-            raise ValueError(f"rotary_dim must be even and in [2, head_dim={head_dim}], got {rotary_dim}")
-        if rotary_dim != 2 * inv_freq.shape[-1]:
-            raise ValueError(f"rotary_dim={rotary_dim} but inv_freq has {inv_freq.shape[-1]} frequencies "
-                             f"(rotary_dim {2 * inv_freq.shape[-1]})")
-    if mrope_section is not None:
-        inv_freq = _axis_layout_inv_freq(inv_freq, mrope_section, mrope_interleaved)
-    elif mrope_interleaved:
-        raise ValueError("mrope_interleaved=True needs mrope_section= (the pairs of each axis)")
-    if k is None:
-        k = _empty_k(q, layout)
-    return k, inv_freq, _check_float("attention_factor", attention_factor), _check_bool("interleaved", interleaved), offset
-
-
-# --------------------------------------------------------------------------------------------
 # Decode fast path (issue 9). At decode a call rotates a few kilobytes, so the op's dispatch costs
 # as much as the kernel: going through the Autograd key alone (a Python kernel, registered below)
 # costs several microseconds, the _AutoDispatchBelowAutograd context that skips it ~0.5 us. When
 # nothing is to be recorded or intercepted (eager mode, plain CPU tensors, no gradient wanted, no
-# mode, functorch transform or profiler active), the wrappers call the CPU kernel straight away
-# (redispatch with the CPU key alone) and bump q and k's version counters themselves: exactly what
-# the Autograd and ADInplaceOrView kernels do in that case. Inference tensors take the general
-# path (whose checks refuse an in-place update outside inference mode).
+# mode, functorch transform or profiler active), _rope calls the CPU kernel straight away
+# (redispatch with the CPU key alone) and bumps q and k's version counters itself: exactly what
+# the Autograd and ADInplaceOrView kernels do in that case. An inference tensor written in place
+# outside inference mode takes the general path (whose checks refuse it).
 
 _Tensor = torch.Tensor
 _is_compiling = torch.compiler.is_compiling
-_is_grad_enabled = torch.is_grad_enabled
 _increment_version = torch._C._increment_version
+_inference_mode = torch.is_inference_mode_enabled
 try:
     _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
     _ROPE_CPU = torch.ops.posenc.rope.default._handle.redispatch_boxed
@@ -314,30 +262,109 @@ except AttributeError:  # another torch: no fast path, same results
     _FAST = False
 
 
-def _rope_direct(q, k, positions, config, layout, offset, in_place: bool = False):
-    """``apply_rope(q, k, positions, config=config, layout=layout, offset=offset)`` (``apply_rope_``
-    when ``in_place``) by the fast path above: its ``(q, k)``, or None where the general path must
-    run. Checks what _resolve_rope_args checks for this call, cheapest first; anything unusual (or a
-    config's first call, before its CPU frequencies are cached) takes the general path.
-    RotaryEmbedding.forward calls it too."""
-    if _is_compiling() or not (_FAST and type(q) is _Tensor and type(k) is _Tensor and type(config) is RopeConfig
-                               and (positions is None or type(positions) is _Tensor) and type(offset) is int):
-        return None  # (first: torch.compile traces the general path, reading nothing else here)
-    plain = config._frequencies.cpu_plain  # (inv_freq, attention_factor, interleaved, head_dim)
-    n = _LAYOUT_DIMS.get(layout) if type(layout) is str else None
-    if plain is None or n is None or not q.is_cpu:
-        return None
-    shape = q.shape
-    if (len(shape) != n or shape[n - 1] != plain[3] or k.dim() != n or not -(2 ** 63) <= offset < 2 ** 63
-            or (_is_grad_enabled() and (q.requires_grad or k.requires_grad))
-            or (in_place and (q.is_inference() or k.is_inference()))
-            or _functorch_active() or _dispatch_modes() or _function_modes() or _profiling()):
-        return None
-    if in_place:
-        _ROPE_CPU_(_CPU_KEYS, q, k, positions, None, plain[0], plain[1], plain[2], layout, offset, False)
-        _increment_version((q, k))  # after the write, as ADInplaceOrView does
-        return q, k
-    return _ROPE_CPU(_CPU_KEYS, q, k, positions, None, plain[0], plain[1], plain[2], layout, offset, False)
+def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset,
+          cu_seqlens, rotary_dim, mrope_section, mrope_interleaved):
+    """One call of :func:`apply_rope` (:func:`apply_rope_` when ``in_place``; RotaryEmbedding.forward
+    calls apply_rope), in three steps:
+
+    1. every check made in Python: a TypeError/ValueError naming the argument (the op checks the
+       rest, shapes against each other, dtypes, devices and positions, on either path);
+    2. the decode fast path (above), which only decides whether the call may skip the dispatcher;
+    3. else the general path.
+
+    Both paths run after the same checks, so they refuse the same calls: a check that can reject a
+    call belongs in step 1. (The general path checks only what the fast path never sees:
+    cu_seqlens and an inv_freq axis layout.)"""
+    # -- 1. checks
+    n = _LAYOUT_DIMS.get(layout) if isinstance(layout, str) else None
+    if n is None:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    # one cheap test for the common call (this runs on every decode step); the named checks only
+    # run to explain a failure
+    if not (isinstance(q, _Tensor) and len(shape := q.shape) == n
+            and (k is None or (isinstance(k, _Tensor) and k.dim() == n))
+            and (positions is None or isinstance(positions, _Tensor))
+            and (cu_seqlens is None or isinstance(cu_seqlens, _Tensor))
+            and (inv_freq is None or isinstance(inv_freq, _Tensor))):
+        shape_text = "[tokens, heads, head_dim]" if layout == "thd" else f"{n}-D ({layout})"
+        _check_tensor("q", q, dims=(n,), shape_text=shape_text + f" for layout {layout!r}")
+        _check_tensor("k", k, optional=True, dims=(n,), shape_text=shape_text + f" for layout {layout!r}")
+        _check_tensor("positions", positions, optional=True)
+        _check_tensor("cu_seqlens", cu_seqlens, optional=True)
+        _check_tensor("inv_freq", inv_freq, optional=True)
+    if type(offset) is not int:
+        offset = _check_int("offset", offset)
+    if isinstance(offset, int) and not -(2 ** 63) <= offset < 2 ** 63:
+        raise ValueError(f"offset must fit in int64, got {offset}")
+    if rotary_dim is not None:
+        rotary_dim = _check_int("rotary_dim", rotary_dim)
+    head_dim = shape[-1]
+    if config is not None:
+        if not isinstance(config, RopeConfig):
+            raise TypeError(f"config must be a RopeConfig, got {type(config).__name__}")
+        if config.head_dim != head_dim:
+            raise ValueError(f"q's head_dim is {head_dim} but config.head_dim is {config.head_dim}")
+        if inv_freq is not None:
+            raise ValueError("pass either config or inv_freq, not both")
+        if rotary_dim is not None and rotary_dim != config.rotary_dim:
+            raise ValueError(f"rotary_dim={rotary_dim} disagrees with config.rotary_dim={config.rotary_dim}")
+        if mrope_section is not None or mrope_interleaved:
+            raise ValueError("with config=, the axis layout comes from config.mrope_section / mrope_interleaved; "
+                             "do not pass mrope_section= or mrope_interleaved=")
+    else:
+        if inv_freq is None:
+            raise ValueError("apply_rope needs config= or inv_freq=")
+        if rotary_dim is not None:
+            if rotary_dim % 2 or rotary_dim <= 0 or rotary_dim > head_dim:
+                raise ValueError(f"rotary_dim must be even and in [2, head_dim={head_dim}], got {rotary_dim}")
+            if rotary_dim != 2 * inv_freq.shape[-1]:
+                raise ValueError(f"rotary_dim={rotary_dim} but inv_freq has {inv_freq.shape[-1]} frequencies "
+                                 f"(rotary_dim {2 * inv_freq.shape[-1]})")
+        if mrope_section is None and mrope_interleaved:
+            raise ValueError("mrope_interleaved=True needs mrope_section= (the pairs of each axis)")
+        attention_factor = _check_float("attention_factor", attention_factor)
+        interleaved = _check_bool("interleaved", interleaved)
+
+    # -- 2. decode fast path: a config's CPU frequencies cached (not on its first call), plain CPU
+    # tensors, nothing to record or intercept (is_compiling first: torch.compile traces step 3;
+    # outside it, step 1 made offset an int)
+    if (config is not None and cu_seqlens is None and not _is_compiling() and _FAST and type(q) is _Tensor
+            and type(k) is _Tensor and type(config) is RopeConfig and (positions is None or type(positions) is _Tensor)):
+        plain = config._frequencies.cpu_plain  # (inv_freq, attention_factor, interleaved, head_dim)
+        if (plain is not None and q.is_cpu and not (q.requires_grad or k.requires_grad)
+                and not (in_place and (q.is_inference() or k.is_inference()) and not _inference_mode())
+                and not (_functorch_active() or _dispatch_modes() or _function_modes() or _profiling())):
+            out = (_ROPE_CPU_ if in_place else _ROPE_CPU)(_CPU_KEYS, q, k, positions, None, plain[0], plain[1],
+                                                          plain[2], layout, offset, False)
+            if in_place:
+                _increment_version((q, k))  # after the write, as ADInplaceOrView does
+                return q, k
+            return out
+
+    # -- 3. general path
+    k_arg = _empty_k(q, layout) if k is None else k
+    if config is not None:
+        # frequencies cached per (config, device, regime), attention factor computed once: no host
+        # work that depends only on the config, and positions are read only when the scheme needs it
+        seq_len = rope_seq_len(config, q, positions, layout, offset, cu_seqlens) if config.needs_seq_len else None
+        inv_freq, attention_factor, interleaved = (config.op_inv_freq_on(q.device, seq_len), config.attention_factor,
+                                                   config.interleaved)
+    elif mrope_section is not None:
+        inv_freq = _axis_layout_inv_freq(inv_freq, mrope_section, mrope_interleaved)
+    args = (q, k_arg, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, False)
+    if not in_place:
+        with _autograd_skipped(q, k_arg):
+            q_out, k_out = torch.ops.posenc.rope(*args)
+        return q_out, (k_out if k is not None else None)
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k_arg.requires_grad)):
+        torch.ops.posenc.rope_(*args)
+    else:  # what the Autograd and ADInplaceOrView kernels (below) would do, without their Python round trips
+        if q.is_inference() or k_arg.is_inference():
+            _check_not_inference("posenc.rope_", q, k_arg)
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            torch.ops.posenc.rope_(*args)
+        torch._C._increment_version((q, k_arg))
+    return q, k
 
 
 _NO_SKIP = contextlib.nullcontext()
@@ -386,17 +413,8 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Opt
 
     Differentiable with respect to q and k (the backward is the transposed rotation).
     """
-    if config is not None and inv_freq is None and cu_seqlens is None and rotary_dim is None:
-        out = _rope_direct(q, k, positions, config, layout, offset)
-        if out is not None:
-            return out
-    k_arg, inv_freq, attention_factor, interleaved, offset = _resolve_rope_args(
-        q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens, rotary_dim,
-        mrope_section, mrope_interleaved)
-    with _autograd_skipped(q, k_arg):
-        q_out, k_out = torch.ops.posenc.rope(q, k_arg, positions, cu_seqlens, inv_freq, attention_factor,
-                                             interleaved, layout, offset, False)
-    return q_out, (k_out if k is not None else None)
+    return _rope(False, q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens,
+                 rotary_dim, mrope_section, mrope_interleaved)
 
 
 def apply_rope_(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None, *,
@@ -411,23 +429,8 @@ def apply_rope_(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Op
     bumped; a leaf that requires grad is refused under grad mode; a non-leaf that requires grad gets
     the in-place gradient (the inverse rotation). Out-of-place :func:`apply_rope` is the usual choice
     for training. Positions with an axis layout as in :func:`apply_rope`."""
-    if config is not None and inv_freq is None and cu_seqlens is None and rotary_dim is None:
-        out = _rope_direct(q, k, positions, config, layout, offset, True)
-        if out is not None:
-            return out
-    k_arg, inv_freq, attention_factor, interleaved, offset = _resolve_rope_args(
-        q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens, rotary_dim,
-        mrope_section, mrope_interleaved)
-    args = (q, k_arg, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, False)
-    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k_arg.requires_grad)):
-        torch.ops.posenc.rope_(*args)
-    else:  # what the Autograd and ADInplaceOrView kernels (below) would do, without their Python round trips
-        if q.is_inference() or k_arg.is_inference():
-            _check_not_inference("posenc.rope_", q, k_arg)
-        with torch._C._AutoDispatchBelowADInplaceOrView():
-            torch.ops.posenc.rope_(*args)
-        torch._C._increment_version((q, k_arg))
-    return q, k
+    return _rope(True, q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens,
+                 rotary_dim, mrope_section, mrope_interleaved)
 
 
 def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -452,35 +455,38 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         return torch.ops.posenc.rope_cos_sin(q, k, cos, sin, positions, layout, False)
 
 
-def _check_rope_fake(op: str, q, k, *others) -> None:
-    """The cheap checks of the C++ op, so shape/device errors surface while tracing too."""
-    for name, t in (("k", k),) + others:
-        if t is not None:
-            torch._check(t.device == q.device,
-                         lambda: f"{op}: {name} must be on the same device as q ({q.device}), got {t.device}")
-    torch._check(k.dtype == q.dtype, lambda: f"{op}: k must have q's dtype ({q.dtype}), got {k.dtype}")
+def _check_rope_fake(name: str, args: tuple):
+    """The cheap checks of the C++ op, so shape/device errors surface while tracing too; returns
+    the bound arguments."""
+    a = bind(name, args)
+    q = a.q
+    for field, t in tensor_fields(a, skip=("q",)):
+        torch._check(t.device == q.device,
+                     lambda: f"posenc.{name}: {field} must be on the same device as q ({q.device}), got {t.device}")
+    torch._check(a.k.dtype == q.dtype, lambda: f"posenc.{name}: k must have q's dtype ({q.dtype}), got {a.k.dtype}")
+    return a
 
 
 @torch.library.register_fake("posenc::rope")
-def _rope_fake(q, k, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, inverse):
-    _check_rope_fake("posenc.rope", q, k, ("positions", positions), ("cu_seqlens", cu_seqlens), ("inv_freq", inv_freq))
-    return torch.empty_like(q), torch.empty_like(k)
+def _rope_fake(*args):
+    a = _check_rope_fake("rope", args)
+    return torch.empty_like(a.q), torch.empty_like(a.k)
 
 
 @torch.library.register_fake("posenc::rope_")
-def _rope_inplace_fake(q, k, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, inverse):
-    _check_rope_fake("posenc.rope_", q, k, ("positions", positions), ("cu_seqlens", cu_seqlens), ("inv_freq", inv_freq))
+def _rope_inplace_fake(*args):
+    _check_rope_fake("rope_", args)
 
 
 @torch.library.register_fake("posenc::rope_cos_sin")
-def _rope_cos_sin_fake(q, k, cos, sin, positions, layout, inverse):
-    _check_rope_fake("posenc.rope_cos_sin", q, k, ("cos", cos), ("sin", sin), ("positions", positions))
-    return torch.empty_like(q), torch.empty_like(k)
+def _rope_cos_sin_fake(*args):
+    a = _check_rope_fake("rope_cos_sin", args)
+    return torch.empty_like(a.q), torch.empty_like(a.k)
 
 
 @torch.library.register_fake("posenc::rope_cos_sin_")
-def _rope_cos_sin_inplace_fake(q, k, cos, sin, positions, layout, inverse):
-    _check_rope_fake("posenc.rope_cos_sin_", q, k, ("cos", cos), ("sin", sin), ("positions", positions))
+def _rope_cos_sin_inplace_fake(*args):
+    _check_rope_fake("rope_cos_sin_", args)
 
 
 def _meta(t: torch.Tensor):
@@ -496,51 +502,37 @@ def _grad_or_zeros(grad: Optional[torch.Tensor], meta) -> torch.Tensor:
     return grad if grad.stride(-1) == 1 or grad.shape[-1] <= 1 else grad.contiguous()
 
 
-def _no_grad_for(op: str, **tensors) -> None:
-    """The ops differentiate q, k and x only: an angle input that wants a gradient is an error,
-    not a silently missing gradient."""
-    for name, t in tensors.items():
-        if t is not None and t.requires_grad:
-            raise RuntimeError(f"{op}: {name} requires grad, but gradients flow only to q and k; detach {name} "
+def _no_grad_for(opname: str, args) -> None:
+    """The rotations differentiate q and k only: an angle input (inv_freq, cos, sin, ...) that
+    wants a gradient is an error, not a silently missing gradient."""
+    for name, t in tensor_fields(args, skip=("q", "k")):
+        if t.requires_grad:
+            raise RuntimeError(f"{opname}: {name} requires grad, but gradients flow only to q and k; detach {name} "
                                "(or compute the rotation with plain torch ops if you need its gradient)")
 
 
-def _rope_setup(ctx, inputs, output):
-    q, k, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, inverse = inputs
-    _no_grad_for("posenc.rope", inv_freq=inv_freq)
-    ctx.save_for_backward(positions, cu_seqlens, inv_freq)
-    ctx.args = (attention_factor, interleaved, layout, offset, inverse)
-    ctx.metas = (_meta(q), _meta(k))
+# The rotations (rope, rope_cos_sin) are orthogonal up to the attention factor, which scales q and
+# k alike: the backward of each is the same op with `inverse` flipped, applied to the gradients.
+
+def _rotation_setup(name: str, ctx, inputs, output):
+    a = bind(name, inputs)
+    _no_grad_for(f"posenc.{name}", a)
+    ctx.op = name
+    ctx.metas = (_meta(a.q), _meta(a.k))
+    save_args(ctx, a._replace(q=None, k=None))
 
 
-def _rope_backward(ctx, grad_q, grad_k):
-    positions, cu_seqlens, inv_freq = ctx.saved_tensors
-    attention_factor, interleaved, layout, offset, inverse = ctx.args
+def _rotation_backward(ctx, grad_q, grad_k):
+    a = saved_args(ctx)
     q_like, k_like = ctx.metas
-    gq, gk = torch.ops.posenc.rope(_grad_or_zeros(grad_q, q_like), _grad_or_zeros(grad_k, k_like), positions,
-                                   cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, not inverse)
-    return gq, gk, None, None, None, None, None, None, None, None
+    gq, gk = call(ctx.op, a, q=_grad_or_zeros(grad_q, q_like), k=_grad_or_zeros(grad_k, k_like),
+                  inverse=not a.inverse)
+    return input_grads(a, q=gq, k=gk)
 
 
-def _rope_cos_sin_setup(ctx, inputs, output):
-    q, k, cos, sin, positions, layout, inverse = inputs
-    _no_grad_for("posenc.rope_cos_sin", cos=cos, sin=sin)
-    ctx.save_for_backward(cos, sin, positions)
-    ctx.args = (layout, inverse)
-    ctx.metas = (_meta(q), _meta(k))
-
-
-def _rope_cos_sin_backward(ctx, grad_q, grad_k):
-    cos, sin, positions = ctx.saved_tensors
-    layout, inverse = ctx.args
-    q_like, k_like = ctx.metas
-    gq, gk = torch.ops.posenc.rope_cos_sin(_grad_or_zeros(grad_q, q_like), _grad_or_zeros(grad_k, k_like), cos, sin,
-                                           positions, layout, not inverse)
-    return gq, gk, None, None, None, None, None
-
-
-torch.library.register_autograd("posenc::rope", _rope_backward, setup_context=_rope_setup)
-torch.library.register_autograd("posenc::rope_cos_sin", _rope_cos_sin_backward, setup_context=_rope_cos_sin_setup)
+for _name in ("rope", "rope_cos_sin"):
+    torch.library.register_autograd(f"posenc::{_name}", _rotation_backward,
+                                    setup_context=functools.partial(_rotation_setup, _name))
 
 # --------------------------------------------------------------------------------------------
 # In-place ops and autograd: torch's rules for in-place ops (``mul_`` is the model), for the
@@ -555,41 +547,27 @@ torch.library.register_autograd("posenc::rope_cos_sin", _rope_cos_sin_backward, 
 _IMPL_LIB = torch.library.Library("posenc", "IMPL")
 
 
-def _inverse_rope(ctx, grad: torch.Tensor) -> torch.Tensor:
-    positions, cu_seqlens, inv_freq = ctx.saved_tensors
-    attention_factor, interleaved, layout, offset, inverse = ctx.args
-    grad = _grad_or_zeros(grad, None)
-    out, _ = torch.ops.posenc.rope(grad, _empty_k(grad, layout), positions, cu_seqlens, inv_freq, attention_factor,
-                                   interleaved, layout, offset, not inverse)
-    return out
-
-
-def _inverse_rope_cos_sin(ctx, grad: torch.Tensor) -> torch.Tensor:
-    cos, sin, positions = ctx.saved_tensors
-    layout, inverse = ctx.args
-    grad = _grad_or_zeros(grad, None)
-    out, _ = torch.ops.posenc.rope_cos_sin(grad, _empty_k(grad, layout), cos, sin, positions, layout, not inverse)
-    return out
-
-
 class _RotatedInPlace(torch.autograd.Function):
-    """Records that ``t`` was rotated in place; with ``run`` set, forward performs the rotation of q
-    and k (one call of the op, all checks before any write), else t was already rotated by the
-    previous node. One node per tensor: autograd rebases a modified view only for single outputs."""
+    """Records that ``t`` was rotated in place by ``op`` (rope_ or rope_cos_sin_); with ``run``
+    set, forward performs the rotation of q and k (one call of the op, all checks before any
+    write), else t was already rotated by the previous node. One node per tensor: autograd rebases
+    a modified view only for single outputs. The backward is the out-of-place op's inverse rotation."""
 
     @staticmethod
-    def forward(ctx, t, run, op, args, saved, inverse_fn):
+    def forward(ctx, t, run, op: str, args):
         if run is not None:
-            op(*run)
+            getattr(torch.ops.posenc, op)(*run)
         ctx.mark_dirty(t)
-        ctx.save_for_backward(*saved)
-        ctx.args = args
-        ctx.inverse_fn = inverse_fn
+        ctx.op = op.removesuffix("_")  # the out-of-place op
+        save_args(ctx, args._replace(q=None, k=None))
         return t
 
     @staticmethod
     def backward(ctx, grad):
-        return ctx.inverse_fn(ctx, grad), None, None, None, None, None
+        a = saved_args(ctx)
+        grad = _grad_or_zeros(grad, None)
+        out, _ = call(ctx.op, a, q=grad, k=_empty_k(grad, a.layout), inverse=not a.inverse)
+        return out, None, None, None
 
 
 def _check_inplace_autograd(opname: str, q: torch.Tensor, k: torch.Tensor) -> None:
@@ -614,31 +592,31 @@ def _check_inplace_autograd(opname: str, q: torch.Tensor, k: torch.Tensor) -> No
                                "instead (qkv[:, :, 0]), or use the out-of-place op")
 
 
-def _register_inplace(name: str, split, inverse_fn) -> None:
+def _register_inplace(name: str) -> None:
     op = getattr(torch.ops.posenc, name).default
     opname = f"posenc.{name}"
+    iq, ik = _arg_index(name, "q"), _arg_index(name, "k")  # the tensors the in-place ops write
 
     def autograd_kernel(keyset, *args):
-        q, k = args[0], args[1]
+        q, k = args[iq], args[ik]
         if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)):
             with torch._C._AutoDispatchBelowAutograd():
                 return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
         _check_inplace_autograd(opname, q, k)
-        saved, ctx_args = split(args)
-        _no_grad_for(opname, **dict(zip(("cos", "sin") if "cos" in name else ("positions", "cu_seqlens", "inv_freq"),
-                                        saved)))
+        a = bind(name, args)
+        _no_grad_for(opname, a)
         run = args
         for t in (q, k):
             if t.requires_grad:
-                _RotatedInPlace.apply(t, run, op, ctx_args, saved, inverse_fn)
+                _RotatedInPlace.apply(t, run, name, a)
                 run = None  # the first node rotated both; the second only records k's rotation
         return None
 
     _IMPL_LIB.impl(name, autograd_kernel, "Autograd", with_keyset=True)
 
 
-_register_inplace("rope_", lambda a: ((a[2], a[3], a[4]), (a[5], a[6], a[7], a[8], a[9])), _inverse_rope)
-_register_inplace("rope_cos_sin_", lambda a: ((a[2], a[3], a[4]), (a[5], a[6])), _inverse_rope_cos_sin)
+_register_inplace("rope_")
+_register_inplace("rope_cos_sin_")
 
 
 # --------------------------------------------------------------------------------------------
@@ -662,9 +640,10 @@ def _register_version_bump(name: str) -> None:
     op = getattr(torch.ops.posenc, name).default
     opname = f"posenc.{name}"
     after_keyset = torch._C._after_ADInplaceOrView_keyset
+    iq, ik = _arg_index(name, "q"), _arg_index(name, "k")
 
     def ad_inplace_or_view_kernel(keyset, *args):
-        q, k = args[0], args[1]
+        q, k = args[iq], args[ik]
         _check_not_inference(opname, q, k)
         op.redispatch(keyset & after_keyset, *args)
         torch._C._increment_version((q, k))

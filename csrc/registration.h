@@ -2,8 +2,8 @@
 //   - its schema string (registration.cpp defines the ops with it),
 //   - the argument struct the host code and backends take (host/plan.h, host/bias_plan.h), and
 //   - the unboxing of that struct from the dispatcher's stack (host/backend.h registers the kernels).
-// Adding an argument to an op is one line here, its use in csrc/host, and the Python fake kernel
-// and autograd (posenc_native/ops.py, bias.py), which receive the arguments in this order.
+// Adding an argument to an op is one line here and its use in csrc/host; the Python fake kernels and
+// autograd read the arguments by name from the registered schema (posenc_native/_op_args.py).
 #pragma once
 #include <torch/csrc/stable/stableivalue_conversions.h>
 

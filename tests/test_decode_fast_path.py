@@ -187,6 +187,9 @@ def _bad_decode_calls():
         ("mrope_section with config", lambda f, c: f(q.clone(), k.clone(), pos, config=c, mrope_section=(8, 12, 12))),
         ("mrope_interleaved with config", lambda f, c: f(q.clone(), k.clone(), pos, config=c, mrope_interleaved=True)),
         ("inv_freq with config", lambda f, c: f(q.clone(), k.clone(), pos, config=c, inv_freq=c.inv_freq())),
+        # a config carries its own factor and pairing: given again, they were once silently ignored
+        ("attention_factor with config", lambda f, c: f(q.clone(), k.clone(), pos, config=c, attention_factor=2.0)),
+        ("interleaved with config", lambda f, c: f(q.clone(), k.clone(), pos, config=c, interleaved=True)),
         ("rotary_dim disagrees", lambda f, c: f(q.clone(), k.clone(), pos, config=c, rotary_dim=32)),
         ("head_dim disagrees", lambda f, c: f(q[..., :32].clone(), k[..., :32].clone(), pos, config=c)),
         ("bad layout", lambda f, c: f(q.clone(), k.clone(), pos, config=c, layout="bsdh")),

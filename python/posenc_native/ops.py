@@ -311,6 +311,10 @@ def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, i
         if mrope_section is not None or mrope_interleaved:
             raise ValueError("with config=, the axis layout comes from config.mrope_section / mrope_interleaved; "
                              "do not pass mrope_section= or mrope_interleaved=")
+        if attention_factor is not None or interleaved is not None:
+            raise ValueError("with config=, the attention factor and pairing come from config.attention_factor / "
+                             "config.interleaved; do not pass attention_factor= or interleaved= (or build a "
+                             "RopeConfig with the values you want)")
     else:
         if inv_freq is None:
             raise ValueError("apply_rope needs config= or inv_freq=")
@@ -322,8 +326,8 @@ def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, i
                                  f"(rotary_dim {2 * inv_freq.shape[-1]})")
         if mrope_section is None and mrope_interleaved:
             raise ValueError("mrope_interleaved=True needs mrope_section= (the pairs of each axis)")
-        attention_factor = _check_float("attention_factor", attention_factor)
-        interleaved = _check_bool("interleaved", interleaved)
+        attention_factor = 1.0 if attention_factor is None else _check_float("attention_factor", attention_factor)
+        interleaved = False if interleaved is None else _check_bool("interleaved", interleaved)
 
     # -- 2. decode fast path: a config's CPU frequencies cached (not on its first call), plain CPU
     # tensors, nothing to record or intercept (is_compiling first: torch.compile traces step 3;
@@ -382,7 +386,8 @@ def _autograd_skipped(q: torch.Tensor, k: torch.Tensor):
 
 def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None, *,
                config: Optional["RopeConfig"] = None, inv_freq: Optional[torch.Tensor] = None,
-               attention_factor: float = 1.0, interleaved: bool = False, layout: str = "bshd", offset: int = 0,
+               attention_factor: Optional[float] = None, interleaved: Optional[bool] = None, layout: str = "bshd",
+               offset: int = 0,
                cu_seqlens: Optional[torch.Tensor] = None, rotary_dim: Optional[int] = None,
                mrope_section: Optional[Sequence[int]] = None, mrope_interleaved: bool = False
                ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -400,8 +405,10 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Opt
             tokens), as transformers does. thd with an axis layout needs positions.
         config: a :class:`RopeConfig`; supplies inv_freq, attention factor, pairing and rotary dim.
         inv_freq: ``rotary_dim // 2`` frequencies (float64 or float32) when no config is given.
-        attention_factor: multiplies cos and sin (YaRN's temperature), on q and k alike.
-        interleaved: pair (2i, 2i+1) as GPT-J; default pairs (i, i + rotary_dim/2) as GPT-NeoX/Llama.
+        attention_factor: with ``inv_freq``, multiplies cos and sin (YaRN's temperature), on q and k
+            alike; default 1.0. A config carries its own, so passing it with ``config`` is an error.
+        interleaved: with ``inv_freq``, pair (2i, 2i+1) as GPT-J; default (False) pairs
+            (i, i + rotary_dim/2) as GPT-NeoX/Llama. A config carries its own, as above.
         offset: added to every position (decode steps).
         cu_seqlens: ``[n+1]`` sequence starts for ``thd``.
         rotary_dim: optional check; dims past it pass through unchanged.
@@ -419,7 +426,8 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Opt
 
 def apply_rope_(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None, *,
                 config: Optional["RopeConfig"] = None, inv_freq: Optional[torch.Tensor] = None,
-                attention_factor: float = 1.0, interleaved: bool = False, layout: str = "bshd", offset: int = 0,
+                attention_factor: Optional[float] = None, interleaved: Optional[bool] = None, layout: str = "bshd",
+                offset: int = 0,
                 cu_seqlens: Optional[torch.Tensor] = None, rotary_dim: Optional[int] = None,
                 mrope_section: Optional[Sequence[int]] = None, mrope_interleaved: bool = False
                 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:

@@ -293,11 +293,34 @@ int64_t rotate_row_simd_uniform(const void* src_v, void* dst_v, int64_t rows, in
   return full;
 }
 
-// fp16 only: against the in-place memory floor it measured ~5-10% faster than the factor rows
-// (benchmarks/micro/rope_rows.cpp); float32 has its own loop (isa.h), bf16 its even/odd rows.
+// fp16: against the in-place memory floor it measured ~5-10% faster than the factor rows
+// (benchmarks/micro/rope_rows.cpp); bf16 keeps its even/odd rows. float32: ~17% faster than the
+// compiler-vectorized rotate_row_uniform on cache-resident decode batches and as fast from DRAM, but
+// only with 256-bit vectors: the AVX-512 paths' 512-bit ones measured ~15% slower than the memory
+// floor allows (benchmarks/RESULTS.md), so float32 keeps AVX2 vectors there (UniformIsa).
 template <class I, class D>
-constexpr RotateUniformFn kUniform[2] = {std::is_same_v<D, Half> ? rotate_row_simd_uniform<I, D, false> : nullptr,
-                                         std::is_same_v<D, Half> ? rotate_row_simd_uniform<I, D, true> : nullptr};
+struct UniformIsa {
+  using type = I;
+};
+#if defined(__AVX2__) && defined(__F16C__)
+template <class I>
+struct UniformIsa<I, Float> {
+  using type = std::conditional_t<(I::kLanes > 8), Avx2, I>;
+};
+#endif
+
+template <class I, class D>
+constexpr RotateUniformFn uniform_kernel(bool inverse) {
+  using U = typename UniformIsa<I, D>::type;
+  if constexpr (std::is_same_v<D, BFloat16>) {
+    return nullptr;
+  } else {
+    return inverse ? rotate_row_simd_uniform<U, D, true> : rotate_row_simd_uniform<U, D, false>;
+  }
+}
+
+template <class I, class D>
+constexpr RotateUniformFn kUniform[2] = {uniform_kernel<I, D>(false), uniform_kernel<I, D>(true)};
 
 // isa.h, OrderFactorsFn: for an even/odd policy, the factor entries its two-vector steps read
 // (blocks of 2W from the start of the row, or of each half) reordered as (even elements, odd

@@ -80,10 +80,12 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
   using M = math_t<T>;
   const int64_t pairs = p.pairs();
   // Factor rows on 64-byte boundaries, so no vector load of them straddles two cache lines.
+  // (Not allocated where rows are rotated with one cos/sin per pair: a decode step's one token.)
   constexpr int64_t kAlign = 64 / sizeof(M);
   const int64_t row_len = (p.rot_dim + kAlign - 1) / kAlign * kAlign;
-  std::vector<M> rows(2 * row_len + kAlign);
-  M* C = rows.data() + (kAlign - reinterpret_cast<uintptr_t>(rows.data()) / sizeof(M) % kAlign) % kAlign;
+  const bool uniform_rows = p.inv_freq && (std::is_same_v<T, float> || uniform);
+  RowVector<M> rows(uniform_rows ? 0 : 2 * row_len);
+  M* C = rows.data();
   M* S = C + row_len;
   const auto rotate_token = [&](int64_t b, int64_t s) {
     if constexpr (std::is_same_v<M, float>) {
@@ -100,7 +102,7 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
     };
     for (int64_t t = begin; t < end; ++t) {
       angles.at(t, position_of);
-      if (std::is_same_v<T, float> || uniform) {  // core/rope.h, rotate_row_uniform: why float32 differs
+      if (uniform_rows) {    // core/rope.h, rotate_row_uniform: why float32 differs
         rotate_heads_uniform<kInterleaved, kInverse, T>(p, p.q, t / p.seq, t % p.seq, angles.cos(), angles.sin(),
                                                         uniform);
         rotate_heads_uniform<kInterleaved, kInverse, T>(p, p.k, t / p.seq, t % p.seq, angles.cos(), angles.sin(),

@@ -1,5 +1,6 @@
 // sin/cos rows for a stream of positions, as the CPU loops visit tokens or rows in order.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <new>
@@ -45,10 +46,20 @@ class SinCosStream {
  public:
   static constexpr int kDirectEvery = 64;
 
+  // Two allocations in all (a decode step builds one stream per call): the math rows, and every
+  // float64 row and axis position; the steps' rows are allocated the first time one is needed.
   SinCosStream(const double* freq, int64_t n, M amplitude, int64_t n_axes = 1)
-      : freq_(freq), n_(n), n_axes_(n_axes), amplitude_(amplitude), sin_(n), cos_(n), sin_state_(n), cos_state_(n),
-        step_sin_(n * (n_axes + 1)), step_cos_(n * (n_axes + 1)), angle_(n_axes > 1 ? n : 0), previous_(n_axes),
-        current_(n_axes), replay_(n_axes), before_(n_axes), step_ready_(n_axes + 1, 0) {}
+      : freq_(freq), n_(n), n_axes_(n_axes), row_(padded(n)), amplitude_(amplitude), math_(2 * row_),
+        f64_((n_axes > 1 ? 3 : 2) * row_ + 4 * padded(n_axes)) {
+    sin_ = math_.data(), cos_ = sin_ + row_;
+    sin_state_ = f64_.data(), cos_state_ = sin_state_ + row_;
+    angle_ = n_axes > 1 ? cos_state_ + row_ : nullptr;
+    double* axes = f64_.data() + (n_axes > 1 ? 3 : 2) * row_;
+    previous_ = axes, current_ = axes + padded(n_axes), replay_ = current_ + padded(n_axes);
+    before_ = replay_ + padded(n_axes);
+  }
+  SinCosStream(const SinCosStream&) = delete;
+  SinCosStream& operator=(const SinCosStream&) = delete;
 
   // Fills sin() and cos() for row `row`: position_of(row) gives a row's position as a double, or,
   // with several axes, position_of(row, out) writes its n_axes positions to out. A consumer that can read float64 rows passes
@@ -77,12 +88,12 @@ class SinCosStream {
     positions_of(position_of, row, current_);
     if (row != next_row_) {  // a chunk's first row: replay from the last direct row at or before it
       int64_t r = row;
-      replay_ = current_;
+      std::copy(current_, current_ + n_axes_, replay_);
       while (r % kDirectEvery != 0) {
         positions_of(position_of, r - 1, before_);
         if (!follows(replay_, before_)) break;
         --r;
-        replay_.swap(before_);
+        std::swap(replay_, before_);
       }
       for (int64_t t = r; t < row; ++t) {
         positions_of(position_of, t, replay_);
@@ -94,23 +105,26 @@ class SinCosStream {
 
   bool from_state() const { return from_state_; }
   // The float64 rows (without the amplitude): valid after at(row, position_of, false) when from_state().
-  const double* state_sin() const { return sin_state_.data(); }
-  const double* state_cos() const { return cos_state_.data(); }
-  const M* sin() const { return sin_.data(); }
-  const M* cos() const { return cos_.data(); }
+  const double* state_sin() const { return sin_state_; }
+  const double* state_cos() const { return cos_state_; }
+  const M* sin() const { return sin_; }
+  const M* cos() const { return cos_; }
 
  private:
+  // Rows of whole cache lines (16 elements: 64 bytes of float), so every row starts on one.
+  static int64_t padded(int64_t count) { return (count + 15) / 16 * 16; }
+
   template <typename PositionOf>
-  void positions_of(const PositionOf& position_of, int64_t row, std::vector<double>& out) const {
+  void positions_of(const PositionOf& position_of, int64_t row, double* out) const {
     if constexpr (std::is_invocable_v<PositionOf, int64_t, double*>) {
-      position_of(row, out.data());
+      position_of(row, out);
     } else {
       out[0] = static_cast<double>(position_of(row));
     }
   }
 
   // Can a row at `now` be reached from one at `before` (every axis the same or one past)?
-  bool follows(const std::vector<double>& now, const std::vector<double>& before) const {
+  bool follows(const double* now, const double* before) const {
     for (int64_t a = 0; a < n_axes_; ++a) {
       if (now[a] != before[a] + 1.0 && now[a] != before[a]) return false;
     }
@@ -118,7 +132,7 @@ class SinCosStream {
   }
 
   // One row after the previous one (row - 1, at previous_), by the rule above.
-  void step(int64_t row, const std::vector<double>& position, bool math_rows) {
+  void step(int64_t row, const double* position, bool math_rows) {
     if (row == next_row_ && row % kDirectEvery != 0 && follows(position, previous_)) {
       int64_t last = -1, moved = 0;  // the last axis that moved: its rotation writes the math rows
       for (int64_t a = 0; a < n_axes_; ++a) {
@@ -139,7 +153,7 @@ class SinCosStream {
       direct(position);
       from_state_ = false;
     }
-    previous_ = position;
+    std::copy(position, position + n_axes_, previous_);
     next_row_ = row + 1;
   }
 
@@ -152,11 +166,11 @@ class SinCosStream {
     }
   }
 
-  void direct(const std::vector<double>& position) {
+  void direct(const double* position) {
     if (n_axes_ == 1) {
-      sincos_row<M>(position[0], freq_, n_, M(1), sin_.data(), cos_.data());
+      sincos_row<M>(position[0], freq_, n_, M(1), sin_, cos_);
     } else {
-      axis_angles(freq_, n_, n_axes_, 0, n_, [&](int64_t a) { return position[a]; }, angle_.data());
+      axis_angles(freq_, n_, n_axes_, 0, n_, [&](int64_t a) { return position[a]; }, angle_);
       for (int64_t i = 0; i < n_; ++i) sincos_of<M>(angle_[i], sin_[i], cos_[i]);
     }
     for (int64_t i = 0; i < n_; ++i) {
@@ -171,8 +185,12 @@ class SinCosStream {
   // step of the summed frequencies, exact for an axis layout whose other terms are zeros). The
   // steps' sin/cos are formed the first time they are needed: a decode step never needs them.
   void advance(int64_t a, bool math_rows) {
-    double* ss = step_sin_.data() + a * n_;
-    double* sc = step_cos_.data() + a * n_;
+    if (steps_.empty()) {
+      steps_.resize(2 * (n_axes_ + 1) * row_);
+      step_ready_.assign(n_axes_ + 1, 0);
+    }
+    double* ss = steps_.data() + 2 * a * row_;
+    double* sc = ss + row_;
     if (!step_ready_[a]) {
       for (int64_t i = 0; i < n_; ++i) {
         double f = 0;
@@ -187,20 +205,22 @@ class SinCosStream {
       step_ready_[a] = 1;
     }
     if (math_rows) {
-      advance_sincos_row<true>(sin_state_.data(), cos_state_.data(), ss, sc, n_, amplitude_, sin_.data(), cos_.data());
+      advance_sincos_row<true>(sin_state_, cos_state_, ss, sc, n_, amplitude_, sin_, cos_);
     } else {
-      advance_sincos_row<false>(sin_state_.data(), cos_state_.data(), ss, sc, n_, amplitude_, sin_.data(), cos_.data());
+      advance_sincos_row<false>(sin_state_, cos_state_, ss, sc, n_, amplitude_, sin_, cos_);
     }
   }
 
   const double* freq_;
-  int64_t n_, n_axes_;
+  int64_t n_, n_axes_, row_;
   M amplitude_;
-  RowVector<M> sin_, cos_;
-  RowVector<double> sin_state_, cos_state_, step_sin_, step_cos_;
-  std::vector<double> angle_;
-  std::vector<double> previous_, current_, replay_, before_;  // one position per axis
+  RowVector<M> math_;           // sin_, cos_: the rows handed out, times the amplitude
+  RowVector<double> f64_;       // the float64 state rows, angle_ (several axes), the axis positions
+  RowVector<double> steps_;     // per axis (and, last, all axes together): the step's sin and cos rows
   std::vector<char> step_ready_;
+  M *sin_, *cos_;
+  double *sin_state_, *cos_state_, *angle_;
+  double *previous_, *current_, *replay_, *before_;  // one position per axis
   int64_t next_row_ = -1;
   bool from_state_ = false;
 };

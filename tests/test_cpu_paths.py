@@ -24,17 +24,22 @@ print(pn.build_info()["cpu_isa"])
 g = torch.Generator().manual_seed(0)
 out = []
 for dtype in (torch.float32, torch.bfloat16, torch.float16):
-    # full, SIMD tails (36 and 20 pairs), partial rotary, fewer pairs than any vector
-    for head_dim, rot in ((128, 128), (72, 72), (40, 40), (96, 64), (40, 8)):
-        q = torch.randn(2, 9, 4, head_dim, generator=g).to(dtype)
-        k = torch.randn(2, 9, 2, head_dim, generator=g).to(dtype)
+    # full, SIMD tails (36 and 20 pairs; 21 and 3: odd pair counts, an element tail past the last
+    # vector), partial rotary, fewer pairs than any vector; the last two with padded head rows (a
+    # head stride above head_dim: strided rows in place, and out of place into contiguous rows)
+    for head_dim, rot, pad in ((128, 128, 0), (72, 72, 0), (40, 40, 0), (42, 42, 0), (6, 6, 0), (96, 64, 0),
+                               (40, 8, 0), (42, 42, 6), (128, 128, 8)):
+        q = torch.randn(2, 9, 4, head_dim + pad, generator=g).to(dtype)[..., :head_dim]
+        k = torch.randn(2, 9, 2, head_dim + pad, generator=g).to(dtype)[..., :head_dim]
         inv = 1.0 / 10000 ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot)
         pos = torch.randint(0, 1 << 20, (2, 9), generator=g)
         for interleaved in (False, True):
             for inverse in (False, True):
                 out += list(torch.ops.posenc.rope(q, k, pos, None, inv, 1.1, interleaved, "bshd", 3, inverse))
                 out += list(torch.ops.posenc.rope(q, k, None, None, inv, 1.0, interleaved, "bshd", 0, inverse))
-            q2, k2 = q.clone(), k.clone()
+            # in place on copies with the same (padded) row strides
+            q2 = q.new_empty(q.shape[:-1] + (head_dim + pad,))[..., :head_dim].copy_(q)
+            k2 = k.new_empty(k.shape[:-1] + (head_dim + pad,))[..., :head_dim].copy_(k)
             torch.ops.posenc.rope_(q2, k2, pos, None, inv, 1.1, interleaved, "bshd", 0, False)
             out += [q2, k2]
             cos = torch.randn(2, 9, rot, generator=g).to(dtype)

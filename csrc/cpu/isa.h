@@ -11,11 +11,11 @@
 // once per process), so every path can be run and compared on a CPU that has it;
 // POSENC_CPU_PORTABLE=1 is the older spelling of POSENC_CPU_ISA=portable.
 //
-// fp16 rows on the AVX-512 paths use 256-bit vectors (simd_rows.h, RowIsa): they measured faster
-// than 512-bit ones on AMD Zen 4 (which executes 512-bit operations as two 256-bit halves).
+// fp16 and float32 rows on the AVX-512 paths use 256-bit vectors (simd_rows.h, RowIsa): they
+// measured faster than 512-bit ones on AMD Zen 4 (which executes 512-bit operations as two halves).
 //
-// float32 with angles from frequencies takes none of these paths: the compiler-vectorized
-// rotate_row_uniform (core/rope.h) measured faster there; float32 with a cos/sin table does.
+// Interleaved float32 with angles from frequencies takes none of these paths: the
+// compiler-vectorized rotate_row_uniform (core/rope.h) measured faster there.
 //
 // This header includes nothing from torch: the rows_*.cpp files include it with other -m flags.
 #pragma once

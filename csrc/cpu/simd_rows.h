@@ -303,34 +303,13 @@ int64_t rotate_row_simd_uniform(const void* src_v, void* dst_v, int64_t rows, in
   return full;
 }
 
-// fp16: against the in-place memory floor it measured ~5-10% faster than the factor rows
-// (benchmarks/micro/rope_rows.cpp); bf16 keeps its even/odd rows. float32: ~17% faster than the
-// compiler-vectorized rotate_row_uniform on cache-resident decode batches and as fast from DRAM, but
-// only with 256-bit vectors: the AVX-512 paths' 512-bit ones measured ~15% slower than the memory
-// floor allows (benchmarks/RESULTS.md), so float32 keeps AVX2 vectors there (UniformIsa).
+// fp16 and float32: against the in-place memory floor they measured faster than the factor rows
+// (fp16 ~5-10%, benchmarks/micro/rope_rows.cpp; float32 ~17% on cache-resident decode batches and as
+// fast from DRAM, benchmarks/RESULTS.md); bf16 keeps its even/odd rows.
 template <class I, class D>
-struct UniformIsa {
-  using type = I;
-};
-#if defined(__AVX2__) && defined(__F16C__)
-template <class I>
-struct UniformIsa<I, Float> {
-  using type = std::conditional_t<(I::kLanes > 8), Avx2, I>;
-};
-#endif
-
-template <class I, class D>
-constexpr RotateUniformFn uniform_kernel(bool inverse) {
-  using U = typename UniformIsa<I, D>::type;
-  if constexpr (std::is_same_v<D, BFloat16>) {
-    return nullptr;
-  } else {
-    return inverse ? rotate_row_simd_uniform<U, D, true> : rotate_row_simd_uniform<U, D, false>;
-  }
-}
-
-template <class I, class D>
-constexpr RotateUniformFn kUniform[2] = {uniform_kernel<I, D>(false), uniform_kernel<I, D>(true)};
+constexpr RotateUniformFn kUniform[2] = {
+    std::is_same_v<D, BFloat16> ? nullptr : rotate_row_simd_uniform<I, D, false>,
+    std::is_same_v<D, BFloat16> ? nullptr : rotate_row_simd_uniform<I, D, true>};
 
 // isa.h, OrderFactorsFn: for an even/odd policy, the factor entries its two-vector steps read
 // (blocks of 2W from the start of the row, or of each half) reordered as (even elements, odd
@@ -373,6 +352,13 @@ template <class I>
   requires std::is_base_of_v<Avx512, I>
 struct RowIsa<I, Half> {
   using type = Avx512Ymm;
+};
+// float32 too: 512-bit rows measured ~15% slower than 256-bit ones against the in-place memory
+// floor (DRAM-bound, AMD Zen 4), as fast on cache-resident decode batches (benchmarks/RESULTS.md).
+template <class I>
+  requires std::is_base_of_v<Avx512, I>
+struct RowIsa<I, Float> {
+  using type = Avx2;
 };
 #endif
 

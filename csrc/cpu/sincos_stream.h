@@ -67,24 +67,6 @@ class SinCosStream {
   // (from_state() is true), which saves a pass.
   template <typename PositionOf>
   void at(int64_t row, const PositionOf& position_of, bool math_rows = true) {
-    if (n_axes_ == 1 && row == next_row_) {  // one axis, the row after the last: the hot loop, kept scalar
-      positions_of(position_of, row, current_);
-      const double position = current_[0], before = previous_[0];
-      if (row % kDirectEvery != 0 && (position == before + 1.0 || position == before)) {
-        if (position == before) {
-          repeat(math_rows);
-        } else {
-          advance(0, math_rows);
-        }
-        from_state_ = !math_rows;
-      } else {
-        direct(current_);
-        from_state_ = false;
-      }
-      previous_[0] = position;
-      next_row_ = row + 1;
-      return;
-    }
     positions_of(position_of, row, current_);
     if (row != next_row_) {  // a chunk's first row: replay from the last direct row at or before it
       int64_t r = row;

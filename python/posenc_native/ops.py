@@ -622,9 +622,15 @@ def _register_inplace(name: str) -> None:
 
     _IMPL_LIB.impl(name, autograd_kernel, "Autograd", with_keyset=True)
 
+    after_view_keyset = torch._C._after_ADInplaceOrView_keyset
 
-_register_inplace("rope_")
-_register_inplace("rope_cos_sin_")
+    def ad_inplace_or_view_kernel(keyset, *args):  # see "ADInplaceOrView kernels" below
+        q, k = args[iq], args[ik]
+        _check_not_inference(opname, q, k)
+        op.redispatch(keyset & after_view_keyset, *args)
+        torch._C._increment_version((q, k))
+
+    _IMPL_LIB.impl(name, ad_inplace_or_view_kernel, "ADInplaceOrView", with_keyset=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -634,7 +640,8 @@ _register_inplace("rope_cos_sin_")
 # tensor outside inference mode (before any write), run the kernel below this key, bump the version
 # counters of q and k. This key is reached outside inference mode for every tensor (it is in the
 # default thread-local key set) and inside it for normal tensors (their own key set has it).
-# apply_rope_'s fast path (no gradient can flow) does the same inline, below this key.
+# apply_rope_'s fast path (no gradient can flow) does the same inline, below this key. Registered,
+# with the Autograd kernel, by _register_inplace.
 
 def _check_not_inference(opname: str, q: torch.Tensor, k: torch.Tensor) -> None:
     if (q.is_inference() or k.is_inference()) and not torch.is_inference_mode_enabled():
@@ -644,20 +651,5 @@ def _check_not_inference(opname: str, q: torch.Tensor, k: torch.Tensor) -> None:
                            "torch.inference_mode()")
 
 
-def _register_version_bump(name: str) -> None:
-    op = getattr(torch.ops.posenc, name).default
-    opname = f"posenc.{name}"
-    after_keyset = torch._C._after_ADInplaceOrView_keyset
-    iq, ik = _arg_index(name, "q"), _arg_index(name, "k")
-
-    def ad_inplace_or_view_kernel(keyset, *args):
-        q, k = args[iq], args[ik]
-        _check_not_inference(opname, q, k)
-        op.redispatch(keyset & after_keyset, *args)
-        torch._C._increment_version((q, k))
-
-    _IMPL_LIB.impl(name, ad_inplace_or_view_kernel, "ADInplaceOrView", with_keyset=True)
-
-
-_register_version_bump("rope_")
-_register_version_bump("rope_cos_sin_")
+_register_inplace("rope_")
+_register_inplace("rope_cos_sin_")

@@ -200,6 +200,14 @@ def _bad_decode_calls():
         ("float positions", lambda f, c: f(q.clone(), k.clone(), pos.float(), config=c)),  # the op's check
         ("positions of another batch", lambda f, c: f(q.clone(), k.clone(), pos[:1].expand(3, 1), config=c)),
         ("k of another dtype", lambda f, c: f(q.clone(), k.double(), pos, config=c)),  # the op's check
+        # inv_freq= calls take the fast path too
+        ("inv_freq too long", lambda f, c: f(q.clone(), k.clone(), pos, inv_freq=torch.rand(40, dtype=torch.float64))),
+        ("inv_freq of ints", lambda f, c: f(q.clone(), k.clone(), pos, inv_freq=torch.arange(32))),
+        ("attention_factor a string", lambda f, c: f(q.clone(), k.clone(), pos, inv_freq=c.inv_freq(),
+                                                     attention_factor="2")),
+        ("interleaved an int", lambda f, c: f(q.clone(), k.clone(), pos, inv_freq=c.inv_freq(), interleaved=2)),
+        ("rotary_dim disagrees with inv_freq", lambda f, c: f(q.clone(), k.clone(), pos, inv_freq=c.inv_freq(),
+                                                              rotary_dim=32)),
     ]
 
 
@@ -226,3 +234,43 @@ def test_fast_and_general_path_refuse_the_same_calls(case, in_place, monkeypatch
         with pytest.raises((TypeError, ValueError, RuntimeError)):
             pn.apply_rope_(q, None, torch.tensor([[1], [2]]), config=config, mrope_section=(8, 12, 12))
         assert torch.equal(q, before)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_inv_freq_fast_path_matches_reference(interleaved, dtype, monkeypatch):
+    """apply_rope(inv_freq=) takes the fast path too (its factor and pairing of their exact types)."""
+    q, k, pos = _decode_inputs(B=5, dtype=dtype)
+    inv = _config().inv_freq().double()
+    calls = _watch_fast_path(monkeypatch)
+    got_q, got_k = pn.apply_rope(q, k, pos, inv_freq=inv, attention_factor=1.25, interleaved=interleaved, offset=3)
+    q2, k2 = q.clone(), k.clone()
+    pn.apply_rope_(q2, k2, pos, inv_freq=inv, attention_factor=1.25, interleaved=interleaved, offset=3)
+    assert calls == ["_ROPE_CPU", "_ROPE_CPU_"]
+    want_q, want_k = reference.apply_rope(q.double(), k.double(), pos, inv_freq=inv, attention_factor=1.25,
+                                          interleaved=interleaved, offset=3)
+    atol, rtol = (2e-6 * 1.25, 0.0) if dtype == torch.float32 else (1e-2, 1e-2)  # 16-bit: |values| up to ~6
+    torch.testing.assert_close(got_q.double(), want_q, atol=atol, rtol=rtol)
+    torch.testing.assert_close(got_k.double(), want_k, atol=atol, rtol=rtol)
+    assert torch.equal(q2, got_q) and torch.equal(k2, got_k)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_repeated_positions_reuse_nothing_stale(interleaved, dtype):
+    """Decode batches whose rows share positions (the CPU stream reuses a row's sin/cos for the next
+    row at the same position, csrc/cpu/sincos_stream.h) and runs of consecutive positions, against
+    the float64 reference: a row left from another position, or from an earlier call of another
+    size (the rows live in per-thread buffers), would show here."""
+    runs = torch.tensor([5] * 20 + [9] * 20 + [5] * 30 + list(range(70, 150)) + [149] * 3 + [150_000] * 2)
+    for pairs, positions in ((32, runs[:, None]), (4, runs[:9, None]), (32, runs.flip(0)[:, None])):
+        head_dim = 2 * pairs
+        inv = 1.0 / 10000.0 ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        q = torch.randn(len(positions), 1, 3, head_dim, generator=GEN, dtype=torch.float64).to(dtype)
+        k = torch.randn(len(positions), 1, 2, head_dim, generator=GEN, dtype=torch.float64).to(dtype)
+        got_q, got_k = pn.apply_rope(q, k, positions, inv_freq=inv, attention_factor=0.75, interleaved=interleaved)
+        want_q, want_k = reference.apply_rope(q.double(), k.double(), positions, inv_freq=inv, attention_factor=0.75,
+                                              interleaved=interleaved)
+        atol, rtol = (2e-6, 0.0) if dtype == torch.float32 else (1e-2, 1e-2)
+        torch.testing.assert_close(got_q.double(), want_q, atol=atol, rtol=rtol)
+        torch.testing.assert_close(got_k.double(), want_k, atol=atol, rtol=rtol)

@@ -122,3 +122,24 @@ def test_sinusoidal_thread_count_independent(dtype, interleaved):
         ]
 
     assert_same_bits({n: with_threads(n, run) for n in THREADS})
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+def test_chunk_starting_on_a_repeated_position_matches_reference(dtype):
+    """Every position twice (0, 0, 1, 1, ...): wherever a parallel chunk begins, its first row
+    repeats the row before it, which the chunk replays from the last directly computed row (csrc/cpu/
+    sincos_stream.h). The rows it then reuses must be that row's, on any thread count."""
+    from posenc_native import reference
+    g = torch.Generator().manual_seed(13)
+    S, D = 301, 64
+    q = torch.randn(1, S, 2, D, generator=g, dtype=torch.float64)
+    k = torch.randn(1, S, 1, D, generator=g, dtype=torch.float64)
+    pos = (torch.arange(S) // 2 + 1000)[None]
+    inv = 1.0 / 10000 ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
+    want_q, want_k = reference.apply_rope(q, k, pos, inv_freq=inv, attention_factor=1.5)
+    atol, rtol = (3e-6, 0.0) if dtype == torch.float32 else (1e-2, 1e-2)  # bf16: 8 bits, |values| up to ~6
+    for n in THREADS:
+        got_q, got_k = with_threads(n, lambda: pn.apply_rope(q.to(dtype), k.to(dtype), pos, inv_freq=inv,
+                                                             attention_factor=1.5))
+        torch.testing.assert_close(got_q.double(), want_q, atol=atol, rtol=rtol, msg=lambda m: f"{n} threads: {m}")
+        torch.testing.assert_close(got_k.double(), want_k, atol=atol, rtol=rtol, msg=lambda m: f"{n} threads: {m}")

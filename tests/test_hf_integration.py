@@ -202,6 +202,24 @@ def test_no_cos_sin_and_no_transformers_rotation():
         hfi.unpatch(model)
 
 
+def test_decode_step_rotates_without_the_dispatcher(monkeypatch):
+    """Under no_grad on the CPU a patched model's rotations take apply_rope's fast path (ops._rope,
+    step 1: the CPU kernel called directly), and give transformers' logits."""
+    from posenc_native import ops
+
+    model = _model("llama")
+    ids = _ids(2, 6)
+    want = _logits(model, ids)
+    hfi.patch(model)
+    calls = []
+    real = ops._ROPE_CPU
+    monkeypatch.setattr(ops, "_ROPE_CPU", lambda *a: calls.append(1) or real(*a))
+    got = _logits(model, ids)
+    assert len(calls) == model.config.num_hidden_layers  # one fused q+k call per layer
+    _assert_close_logits(got, want)
+    hfi.unpatch(model)
+
+
 def test_left_padded_batch_generation():
     """Per-sequence position ids ([B, S], from the attention mask) in prefill and decode."""
     model = _model("llama", "sdpa")

@@ -76,14 +76,13 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
                                    RotateUniformFn uniform, int64_t begin, int64_t end) {
   using M = math_t<T>;
   const int64_t pairs = p.pairs();
-  // Factor rows on 64-byte boundaries, so no vector load of them straddles two cache lines.
-  // (Not allocated where rows are rotated with one cos/sin per pair: a decode step's one token.)
+  // Factor rows on 64-byte boundaries, so no vector load of them straddles two cache lines (none
+  // where rows are rotated with one cos/sin per pair), in this thread's buffer (sincos_stream.h).
   constexpr int64_t kAlign = 64 / sizeof(M);
   const int64_t row_len = (p.rot_dim + kAlign - 1) / kAlign * kAlign;
   const bool uniform_rows = p.inv_freq && (std::is_same_v<T, float> || uniform);
-  RowVector<M> rows(uniform_rows ? 0 : 2 * row_len);
-  M* C = rows.data();
-  M* S = C + row_len;
+  M* C = uniform_rows ? nullptr : thread_rows<M, kFactorRows>(2 * row_len);
+  M* S = uniform_rows ? nullptr : C + row_len;
   const auto rotate_token = [&](int64_t b, int64_t s) {
     if constexpr (std::is_same_v<M, float>) {
       if (order) order(C, S, pairs);

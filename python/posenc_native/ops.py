@@ -246,6 +246,7 @@ def _axis_layout_inv_freq(inv_freq: torch.Tensor, mrope_section, mrope_interleav
 # outside inference mode takes the general path (whose checks refuse it).
 
 _Tensor = torch.Tensor
+_INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 _is_compiling = torch.compiler.is_compiling
 _increment_version = torch._C._increment_version
 _inference_mode = torch.is_inference_mode_enabled
@@ -267,15 +268,42 @@ def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, i
     """One call of :func:`apply_rope` (:func:`apply_rope_` when ``in_place``; RotaryEmbedding.forward
     calls apply_rope), in three steps:
 
-    1. every check made in Python: a TypeError/ValueError naming the argument (the op checks the
+    1. the decode fast path (above), one test that takes the call straight to the CPU kernel. Each of
+       its terms either implies that a check of step 2 passes or is a fast-path condition, so it
+       accepts only calls that step 2 accepts. Calls it does not accept (an explicit ``rotary_dim=``,
+       an offset or factor not of its exact type, a config's first call, an axis layout given by
+       ``mrope_section=``) go on, none refused by it;
+    2. every check made in Python: a TypeError/ValueError naming the argument (the op checks the
        rest, shapes against each other, dtypes, devices and positions, on either path);
-    2. the decode fast path (above), which only decides whether the call may skip the dispatcher;
-    3. else the general path.
+    3. the general path.
+    """
+    # -- 1. the decode fast path: plain CPU tensors, config= (its CPU frequencies cached: not on its
+    # first call) or inv_freq=, the other arguments at their defaults or of their exact types, nothing
+    # to record or intercept (is_compiling first: torch.compile traces step 3)
+    if (not _is_compiling() and _FAST and type(q) is _Tensor and type(k) is _Tensor and type(offset) is int
+            and cu_seqlens is None and rotary_dim is None and mrope_section is None and not mrope_interleaved
+            and (positions is None or type(positions) is _Tensor) and type(layout) is str
+            and (n := _LAYOUT_DIMS.get(layout)) is not None and q.dim() == n and k.dim() == n):
+        if config is None:
+            freq = ((inv_freq, 1.0 if attention_factor is None else attention_factor, interleaved is True)
+                    if (type(inv_freq) is _Tensor and (attention_factor is None or type(attention_factor) is float)
+                        and (interleaved is None or interleaved is True or interleaved is False)) else None)
+        elif type(config) is RopeConfig and inv_freq is None and attention_factor is None and interleaved is None:
+            plain = config._frequencies.cpu_plain  # (inv_freq, attention_factor, interleaved, head_dim)
+            freq = plain if plain is not None and q.shape[-1] == plain[3] else None
+        else:
+            freq = None
+        if (freq is not None and _INT64_MIN <= offset <= _INT64_MAX and q.is_cpu
+                and not (q.requires_grad or k.requires_grad)
+                and not (in_place and (q.is_inference() or k.is_inference()) and not _inference_mode())
+                and not (_functorch_active() or _dispatch_modes() or _function_modes() or _profiling())):
+            if in_place:
+                _ROPE_CPU_(_CPU_KEYS, q, k, positions, None, freq[0], freq[1], freq[2], layout, offset, False)
+                _increment_version((q, k))  # after the write, as ADInplaceOrView does
+                return q, k
+            return _ROPE_CPU(_CPU_KEYS, q, k, positions, None, freq[0], freq[1], freq[2], layout, offset, False)
 
-    Both paths run after the same checks, so they refuse the same calls: a check that can reject a
-    call belongs in step 1. (The general path checks only what the fast path never sees:
-    cu_seqlens and an inv_freq axis layout.)"""
-    # -- 1. checks
+    # -- 2. checks
     n = _LAYOUT_DIMS.get(layout) if isinstance(layout, str) else None
     if n is None:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -294,7 +322,7 @@ def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, i
         _check_tensor("inv_freq", inv_freq, optional=True)
     if type(offset) is not int:
         offset = _check_int("offset", offset)
-    if isinstance(offset, int) and not -(2 ** 63) <= offset < 2 ** 63:
+    if isinstance(offset, int) and not _INT64_MIN <= offset <= _INT64_MAX:
         raise ValueError(f"offset must fit in int64, got {offset}")
     if rotary_dim is not None:
         rotary_dim = _check_int("rotary_dim", rotary_dim)
@@ -329,23 +357,7 @@ def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, i
         attention_factor = 1.0 if attention_factor is None else _check_float("attention_factor", attention_factor)
         interleaved = False if interleaved is None else _check_bool("interleaved", interleaved)
 
-    # -- 2. decode fast path: a config's CPU frequencies cached (not on its first call), plain CPU
-    # tensors, nothing to record or intercept (is_compiling first: torch.compile traces step 3;
-    # outside it, step 1 made offset an int)
-    if (config is not None and cu_seqlens is None and not _is_compiling() and _FAST and type(q) is _Tensor
-            and type(k) is _Tensor and type(config) is RopeConfig and (positions is None or type(positions) is _Tensor)):
-        plain = config._frequencies.cpu_plain  # (inv_freq, attention_factor, interleaved, head_dim)
-        if (plain is not None and q.is_cpu and not (q.requires_grad or k.requires_grad)
-                and not (in_place and (q.is_inference() or k.is_inference()) and not _inference_mode())
-                and not (_functorch_active() or _dispatch_modes() or _function_modes() or _profiling())):
-            out = (_ROPE_CPU_ if in_place else _ROPE_CPU)(_CPU_KEYS, q, k, positions, None, plain[0], plain[1],
-                                                          plain[2], layout, offset, False)
-            if in_place:
-                _increment_version((q, k))  # after the write, as ADInplaceOrView does
-                return q, k
-            return out
-
-    # -- 3. general path
+    # -- 3. the general path
     k_arg = _empty_k(q, layout) if k is None else k
     if config is not None:
         # frequencies cached per (config, device, regime), attention factor computed once: no host

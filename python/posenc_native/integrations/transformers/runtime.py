@@ -15,6 +15,7 @@ from torch import nn
 
 from ..._rope_math import cos_sin_from_angles, rope_angles, seq_len_from_positions
 from ...config import RopeConfig
+from ...ops import _rope
 
 _ERR = "posenc_native.integrations.transformers"
 
@@ -22,12 +23,6 @@ _ERR = "posenc_native.integrations.transformers"
 class UnsupportedModelError(NotImplementedError, ValueError):
     """The model (type, transformers version or code) is not one :func:`patch` can route with proven
     equality; the message names the reason."""
-
-
-def _empty_k(q: torch.Tensor, layout: str) -> torch.Tensor:
-    shape = list(q.shape)
-    shape[1 if layout == "bhsd" else 2] = 0  # no heads: the op always takes q and k
-    return q.new_empty(shape)
 
 
 class RotaryPositions:
@@ -57,11 +52,9 @@ class RotaryPositions:
         pos = self.positions
         if pos.dim() == 2 and pos.shape[0] == 1 and q.shape[0] != 1:
             pos = pos[0]  # transformers' [1, S] shared by every sequence of the batch (metadata only, no sync)
-        k_arg = _empty_k(q, layout) if k is None else k
-        q_out, k_out = torch.ops.posenc.rope(q, k_arg, pos, None, self.inv_freq, self.attention_factor,
-                                             self.interleaved if interleaved is None else interleaved, layout, 0,
-                                             False)
-        return q_out, (k_out if k is not None else None)
+        # apply_rope's one call path: at decode it skips the dispatcher (ops._rope, step 1)
+        return _rope(False, q, k, pos, None, self.inv_freq, self.attention_factor,
+                     self.interleaved if interleaved is None else interleaved, layout, 0, None, None, None, False)
 
     def cos_sin(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """transformers-style ``(cos, sin)`` ``[B, S, rotary_dim]`` (for code that needs the tensors)."""

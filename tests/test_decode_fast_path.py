@@ -274,3 +274,34 @@ def test_repeated_positions_reuse_nothing_stale(interleaved, dtype):
         atol, rtol = (2e-6, 0.0) if dtype == torch.float32 else (1e-2, 1e-2)
         torch.testing.assert_close(got_q.double(), want_q, atol=atol, rtol=rtol)
         torch.testing.assert_close(got_k.double(), want_k, atol=atol, rtol=rtol)
+
+
+def test_apply_rotary_pos_emb_fast_path_matches_transformers_and_refuses_alike(monkeypatch):
+    """The transformers drop-in skips the dispatcher too when nothing intercepts the call: the same
+    results as transformers' own function, and the same errors as the general path."""
+    from transformers.models.llama import modeling_llama
+
+    q = torch.randn(2, 4, 3, 64, generator=GEN)
+    k = torch.randn(2, 2, 3, 64, generator=GEN)
+    angles = torch.randint(0, 5000, (2, 3), generator=GEN)[..., None] * _config().inv_freq().double()
+    emb = torch.cat((angles, angles), -1)
+    cos, sin = emb.cos().float(), emb.sin().float()
+    calls = []
+    real = ops._ROPE_COS_SIN_CPU
+    monkeypatch.setattr(ops, "_ROPE_COS_SIN_CPU", lambda *a: calls.append(1) or real(*a))
+    got_q, got_k = pn.apply_rotary_pos_emb(q, k, cos, sin)
+    assert calls == [1]
+    want_q, want_k = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)
+    torch.testing.assert_close(got_q, want_q, atol=2e-6, rtol=0)
+    torch.testing.assert_close(got_k, want_k, atol=2e-6, rtol=0)
+    bad = [lambda: pn.apply_rotary_pos_emb(q, k, cos[..., :63], sin[..., :63]),  # odd rotary dim
+           lambda: pn.apply_rotary_pos_emb(q, k.double(), cos, sin),
+           lambda: pn.apply_rotary_pos_emb(q, k, cos, sin[:1])]
+    for call in bad:
+        errors = []
+        for fast in (True, False):
+            monkeypatch.setattr(ops, "_FAST", fast)
+            with pytest.raises(RuntimeError) as e:
+                call()
+            errors.append(str(e.value))
+        assert errors[0] == errors[1]

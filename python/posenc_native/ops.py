@@ -254,6 +254,7 @@ try:
     _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
     _ROPE_CPU = torch.ops.posenc.rope.default._handle.redispatch_boxed
     _ROPE_CPU_ = torch.ops.posenc.rope_.default._handle.redispatch_boxed
+    _ROPE_COS_SIN_CPU = torch.ops.posenc.rope_cos_sin.default._handle.redispatch_boxed
     _functorch_active = torch._C._are_functorch_transforms_active
     _dispatch_modes = torch._C._len_torch_dispatch_stack
     _function_modes = torch._C._is_torch_function_mode_enabled
@@ -261,6 +262,15 @@ try:
     _FAST = True
 except AttributeError:  # another torch: no fast path, same results
     _FAST = False
+
+
+def _nothing_intercepts(in_place: bool, q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether a call on plain tensors q and k (exact type) may skip the dispatcher: q on the CPU, no
+    gradient wanted, no inference tensor written in place outside inference mode, no functorch
+    transform, dispatch or function mode, or profiler active. The caller checks is_compiling first."""
+    return (q.is_cpu and not (q.requires_grad or k.requires_grad)
+            and not (in_place and (q.is_inference() or k.is_inference()) and not _inference_mode())
+            and not (_functorch_active() or _dispatch_modes() or _function_modes() or _profiling()))
 
 
 def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset,
@@ -293,10 +303,7 @@ def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, i
             freq = plain if plain is not None and q.shape[-1] == plain[3] else None
         else:
             freq = None
-        if (freq is not None and _INT64_MIN <= offset <= _INT64_MAX and q.is_cpu
-                and not (q.requires_grad or k.requires_grad)
-                and not (in_place and (q.is_inference() or k.is_inference()) and not _inference_mode())
-                and not (_functorch_active() or _dispatch_modes() or _function_modes() or _profiling())):
+        if freq is not None and _INT64_MIN <= offset <= _INT64_MAX and _nothing_intercepts(in_place, q, k):
             if in_place:
                 _ROPE_CPU_(_CPU_KEYS, q, k, positions, None, freq[0], freq[1], freq[2], layout, offset, False)
                 _increment_version((q, k))  # after the write, as ADInplaceOrView does
@@ -471,6 +478,8 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         raise ValueError(f"unsqueeze_dim must be 1 ([B,H,S,D]) or 2 ([B,S,H,D]), got {unsqueeze_dim!r}")
     layout = "bhsd" if unsqueeze_dim == 1 else "bshd"
     positions = position_ids if (position_ids is not None and cos.dim() == 2) else None
+    if not _is_compiling() and _FAST and type(q) is _Tensor and type(k) is _Tensor and _nothing_intercepts(False, q, k):
+        return _ROPE_COS_SIN_CPU(_CPU_KEYS, q, k, cos, sin, positions, layout, False)  # as _rope's fast path
     with _autograd_skipped(q, k):
         return torch.ops.posenc.rope_cos_sin(q, k, cos, sin, positions, layout, False)
 

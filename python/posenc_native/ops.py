@@ -240,10 +240,11 @@ def _axis_layout_inv_freq(inv_freq: torch.Tensor, mrope_section, mrope_interleav
 # as much as the kernel: going through the Autograd key alone (a Python kernel, registered below)
 # costs several microseconds, the _AutoDispatchBelowAutograd context that skips it ~0.5 us. When
 # nothing is to be recorded or intercepted (eager mode, plain CPU tensors, no gradient wanted, no
-# mode, functorch transform or profiler active), _rope calls the CPU kernel straight away
-# (redispatch with the CPU key alone) and bumps q and k's version counters itself: exactly what
-# the Autograd and ADInplaceOrView kernels do in that case. An inference tensor written in place
-# outside inference mode takes the general path (whose checks refuse it).
+# mode, functorch transform or profiler active: _nothing_intercepts), _rope and apply_rotary_pos_emb
+# call the CPU kernel straight away (redispatch with the CPU key alone), and _rope bumps q and k's
+# version counters itself after an in-place write: exactly what the Autograd and ADInplaceOrView
+# kernels do in that case. An inference tensor written in place outside inference mode takes the
+# general path (whose checks refuse it).
 
 _Tensor = torch.Tensor
 _INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1

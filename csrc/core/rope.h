@@ -193,8 +193,7 @@ inline void rotate_row(const T* src, T* dst, int64_t pairs, const M* __restrict_
 // angles from frequencies), with the same bits: adding b * (-s) is subtracting b * s. It reads c
 // and s as the angle stream leaves them (no per-token set_factors pass), two factor loads per pair
 // instead of four. The CPU runs it for what the SIMD uniform kernels (cpu/simd_rows.h) leave: the
-// tail of a row, interleaved float32 rows (where this compiler-vectorized loop measured faster than
-// the factor-row kernels), and the portable path.
+// tail of a row, and half-split float32 rows on the portable path.
 template <bool kInterleaved, bool kInverse, typename T, typename M>
 inline void rotate_row_uniform(const T* src, T* dst, int64_t pairs, const M* __restrict__ c,
                                const M* __restrict__ s, int64_t first_pair = 0) {

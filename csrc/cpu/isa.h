@@ -14,8 +14,9 @@
 // fp16 and float32 rows on the AVX-512 paths use 256-bit vectors (simd_rows.h, RowIsa): they
 // measured faster than 512-bit ones on AMD Zen 4 (which executes 512-bit operations as two halves).
 //
-// Interleaved float32 with angles from frequencies takes none of these paths: the
-// compiler-vectorized rotate_row_uniform (core/rope.h) measured faster there.
+// Interleaved rows with angles from frequencies (every dtype) use the factor-row kernels: for
+// float32 they measured 9-17% faster than the compiler-vectorized rotate_row_uniform (core/rope.h)
+// on cache-resident rows and as fast from DRAM (benchmarks/RESULTS.md).
 //
 // This header includes nothing from torch: the rows_*.cpp files include it with other -m flags.
 #pragma once

@@ -61,8 +61,8 @@ inline void rotate_heads_uniform(const RopeProblem& p, const RopeOperand& o, int
       if (pass > 0) std::memcpy(dst_row + p.rot_dim, src_row + p.rot_dim, pass * sizeof(T));
     }
   };
-  // Where no SIMD kernel ran (interleaved float32, the portable path) the loop starts at a constant:
-  // float32's compiled loop measured ~10% slower per row with a start known only at run time.
+  // Where no SIMD kernel ran (float32 on the portable path) the loop starts at a constant: float32's
+  // compiled loop measured ~10% slower per row with a start known only at run time.
   if (done == 0) {
     rows_from(std::integral_constant<int64_t, 0>{});
   } else {
@@ -80,7 +80,10 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
   // where rows are rotated with one cos/sin per pair), in this thread's buffer (sincos_stream.h).
   constexpr int64_t kAlign = 64 / sizeof(M);
   const int64_t row_len = (p.rot_dim + kAlign - 1) / kAlign * kAlign;
-  const bool uniform_rows = p.inv_freq && (std::is_same_v<T, float> || uniform);
+  // One cos/sin row per token, no factor rows: half-split float32 (SIMD kernel or, on the portable
+  // path, the compiled loop) and the dtypes whose path has a uniform kernel. Interleaved rows use
+  // the factor rows with every dtype (cpu/isa.h).
+  const bool uniform_rows = !kInterleaved && p.inv_freq && (std::is_same_v<T, float> || uniform);
   M* C = uniform_rows ? nullptr : thread_rows<M, kFactorRows>(2 * row_len);
   M* S = uniform_rows ? nullptr : C + row_len;
   const auto rotate_token = [&](int64_t b, int64_t s) {
@@ -98,7 +101,7 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
     };
     for (int64_t t = begin; t < end; ++t) {
       angles.at(t, position_of);
-      if (uniform_rows) {    // core/rope.h, rotate_row_uniform: why float32 differs
+      if (uniform_rows) {
         rotate_heads_uniform<kInterleaved, kInverse, T>(p, p.q, t / p.seq, t % p.seq, angles.cos(), angles.sin(),
                                                         uniform);
         rotate_heads_uniform<kInterleaved, kInverse, T>(p, p.k, t / p.seq, t % p.seq, angles.cos(), angles.sin(),

@@ -353,6 +353,10 @@ def section_decode(s: Settings) -> list[Row]:
                  None),
                 (" apply_rope_(config=llama3)", lambda: pn.apply_rope_(q, k, pos, config=cfg), Goal(1.5, "<= 1.5x")),
                 (" RotaryEmbedding(cfg)", lambda: module(q, k, pos), Goal(2.0, "<= 2.0x"))]
+        if B > 1:  # a served batch: every sequence at its own position, so no row repeats its angles
+            spread = 1000 + torch.randperm(4 * B, generator=g)[:B, None]
+            ways.append((" apply_rope_(config=llama3), distinct positions",
+                         lambda: pn.apply_rope_(q, k, spread, config=cfg), None))
         if patched is not None:
             step = patched[0]
             qt, kt = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()

@@ -4,7 +4,6 @@
 // finished by the portable loop.
 #include <cstring>
 #include <type_traits>
-#include <vector>
 
 #include "cpu/isa.h"
 #include "cpu/kernels.h"
@@ -39,10 +38,10 @@ void rotate_heads(const RopeProblem& p, const RopeOperand& o, int64_t b, int64_t
   }
 }
 
-// rotate_heads with one cos/sin row indexed by pair (angles from frequencies): first the SIMD kernel
-// `simd` where the path has one (isa.h, RotateUniformFn: half-split float32 and fp16), then
-// rotate_row_uniform for the rest.
-template <bool kInterleaved, bool kInverse, typename T, typename M>
+// rotate_heads for half-split pairs with one cos/sin row indexed by pair (angles from frequencies):
+// first the SIMD kernel `simd` where the path has one (isa.h, RotateUniformFn: float32 and fp16),
+// then rotate_row_uniform for the rest.
+template <bool kInverse, typename T, typename M>
 inline void rotate_heads_uniform(const RopeProblem& p, const RopeOperand& o, int64_t b, int64_t s, const M* c,
                                  const M* sn, RotateUniformFn simd = nullptr) {
   const T* src = static_cast<const T*>(o.src) + b * o.src_stride_b + s * o.src_stride_s;
@@ -57,7 +56,7 @@ inline void rotate_heads_uniform(const RopeProblem& p, const RopeOperand& o, int
     for (int64_t h = 0; h < o.heads; ++h) {
       const T* src_row = src + h * o.src_stride_h;
       T* dst_row = dst + h * o.dst_stride_h;
-      rotate_row_uniform<kInterleaved, kInverse>(src_row, dst_row, p.pairs(), c, sn, first_pair);
+      rotate_row_uniform<kInverse>(src_row, dst_row, p.pairs(), c, sn, first_pair);
       if (pass > 0) std::memcpy(dst_row + p.rot_dim, src_row + p.rot_dim, pass * sizeof(T));
     }
   };
@@ -101,15 +100,15 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
     };
     for (int64_t t = begin; t < end; ++t) {
       angles.at(t, position_of);
-      if (uniform_rows) {
-        rotate_heads_uniform<kInterleaved, kInverse, T>(p, p.q, t / p.seq, t % p.seq, angles.cos(), angles.sin(),
-                                                        uniform);
-        rotate_heads_uniform<kInterleaved, kInverse, T>(p, p.k, t / p.seq, t % p.seq, angles.cos(), angles.sin(),
-                                                        uniform);
-      } else {
-        set_factor_rows<kInterleaved, kInverse>(C, S, pairs, angles.cos(), angles.sin());
-        rotate_token(t / p.seq, t % p.seq);
+      if constexpr (!kInterleaved) {
+        if (uniform_rows) {
+          rotate_heads_uniform<kInverse, T>(p, p.q, t / p.seq, t % p.seq, angles.cos(), angles.sin(), uniform);
+          rotate_heads_uniform<kInverse, T>(p, p.k, t / p.seq, t % p.seq, angles.cos(), angles.sin(), uniform);
+          continue;
+        }
       }
+      set_factor_rows<kInterleaved, kInverse>(C, S, pairs, angles.cos(), angles.sin());
+      rotate_token(t / p.seq, t % p.seq);
     }
     return;
   }

@@ -89,8 +89,9 @@ assert lib.startswith(pkg), f"op library {lib} is not the one in the installed p
 for rel in ("include/posenc/posenc.h", "share/cmake/PosencNative/PosencNativeConfig.cmake",
             "share/cmake/PosencNative/PosencNativeTargets.cmake"):
     assert os.path.exists(os.path.join(pkg, rel)), f"the wheel lacks posenc_native/{rel}"
+assert os.path.exists(os.path.join(os.path.dirname(lib), "_direct.abi3.so")), "the wheel lacks the fast path's extension"
 print(f"torch {torch.__version__}, posenc_native from {pkg}")
-print(f"op library {lib}")
+print(f"op library {lib}, decode fast path: {posenc_native.build_info()['fast_path']}")
 EOF
 
 echo "== posenc"

@@ -74,7 +74,7 @@ inline void append(std::string& s, const char* type, const char* name, std::init
 #define POSENC_ARG_SCHEMA(kind, name) ::posenc::arg::append(s, ::posenc::arg::kind::schema, #name, mutated);
 #define POSENC_ARG_VISIT(kind, name) f(name);
 
-// struct Name { fields...; count; unbox(stack); schema(mutated); visit(f) }
+// struct Name { fields...; count; unbox(stack); schema(mutated); visit(f) (each field, in order) }
 #define POSENC_ARGS_STRUCT(Name, LIST)                                                    \
   struct Name {                                                                          \
     LIST(POSENC_ARG_FIELD)                                                               \
@@ -93,6 +93,10 @@ inline void append(std::string& s, const char* type, const char* name, std::init
     }                                                                                    \
     template <typename F>                                                                \
     void visit(F&& f) const {                                                            \
+      LIST(POSENC_ARG_VISIT)                                                             \
+    }                                                                                    \
+    template <typename F>                                                                \
+    void visit(F&& f) {                                                                  \
       LIST(POSENC_ARG_VISIT)                                                             \
     }                                                                                    \
   };

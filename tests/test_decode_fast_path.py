@@ -28,14 +28,15 @@ def _decode_inputs(B: int = 3, dtype=torch.float32):
     return q, k, pos
 
 
-def _watch_fast_path(monkeypatch) -> list:
-    """The names of the fast path's kernel calls from now on (ops._ROPE_CPU / _ROPE_CPU_, which
-    ops._rope reads at call time)."""
-    calls = []
-    for name in ("_ROPE_CPU", "_ROPE_CPU_"):
-        real = getattr(ops, name)
-        monkeypatch.setattr(ops, name, lambda *args, _real=real, _name=name: (calls.append(_name), _real(*args))[1])
-    return calls
+def _watch_fast_path():
+    """A function that returns the fast path's kernel runs since now, per op ({"rope_": 1}; the
+    _direct extension counts them)."""
+    start = ops._FAST.taken()
+
+    def runs() -> dict:
+        now = ops._FAST.taken()
+        return {op: n - start[op] for op, n in now.items() if n != start[op]}
+    return runs
 
 
 def _warm(config: pn.RopeConfig) -> None:
@@ -51,17 +52,17 @@ def test_fast_path_matches_reference(interleaved, partial, dtype, monkeypatch):
     config = _config(interleaved, partial)
     _warm(config)
     q, k, pos = _decode_inputs(dtype=dtype)
-    calls = _watch_fast_path(monkeypatch)
+    calls = _watch_fast_path()
     want_q, want_k = reference.apply_rope(q.double(), k.double(), pos, config, offset=7)
     tol = 2e-6 if dtype == torch.float32 else 1e-2
     got_q, got_k = pn.apply_rope(q, k, pos, config=config, offset=7)
-    assert calls == ["_ROPE_CPU"]  # the path under test
+    assert calls() == {"rope": 1}  # the path under test
     assert got_q.dtype == dtype and not torch.equal(got_q, q)
     torch.testing.assert_close(got_q.double(), want_q, atol=tol, rtol=0)
     torch.testing.assert_close(got_k.double(), want_k, atol=tol, rtol=0)
     q2, k2 = q.clone(), k.clone()
     out_q, out_k = pn.apply_rope_(q2, k2, pos, config=config, offset=7)
-    assert calls == ["_ROPE_CPU", "_ROPE_CPU_"]
+    assert calls() == {"rope": 1, "rope_": 1}
     assert out_q is q2 and out_k is k2
     assert torch.equal(q2, got_q) and torch.equal(k2, got_k)  # the same kernel, in place
 
@@ -75,10 +76,10 @@ def test_fast_path_bumps_versions_and_stale_backward_is_caught(monkeypatch):
     k = torch.randn(2, 1, 2, 64, generator=GEN)
     pos = torch.tensor([[5], [9]])
     vy, vk = y._version, k._version
-    calls = _watch_fast_path(monkeypatch)
+    calls = _watch_fast_path()
     with torch.no_grad():
         pn.apply_rope_(y.detach(), k, pos, config=config)  # (y itself requires grad: the general path)
-    assert calls == ["_ROPE_CPU_"]  # the path under test
+    assert calls() == {"rope_": 1}  # the path under test
     assert y._version > vy and k._version > vk
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         z.sum().backward()
@@ -107,10 +108,10 @@ def test_fast_path_steps_aside_for_grad_and_inference_tensors(monkeypatch):
         kt = torch.randn(1, 1, 2, 64)
     with pytest.raises(RuntimeError, match="Inplace update to inference tensor outside InferenceMode"):
         pn.apply_rope_(t, kt, pos, config=config)
-    calls = _watch_fast_path(monkeypatch)
+    calls = _watch_fast_path()
     with torch.inference_mode():  # inside inference mode, inference tensors may be written: the fast path
         got, _ = pn.apply_rope_(t.clone(), kt.clone(), pos, config=config)
-    assert calls == ["_ROPE_CPU_"]
+    assert calls() == {"rope_": 1}
     want, _ = reference.apply_rope(t.double(), None, pos, config)
     torch.testing.assert_close(got.double(), want, atol=2e-6, rtol=0)
 
@@ -146,9 +147,9 @@ def test_module_fast_path_matches_reference_and_leaves_inputs(monkeypatch):
     _warm(config)
     q, k, pos = _decode_inputs()
     q0, k0 = q.clone(), k.clone()
-    calls = _watch_fast_path(monkeypatch)
+    calls = _watch_fast_path()
     got_q, got_k = module(q, k, pos)
-    assert calls == ["_ROPE_CPU"]  # the path under test
+    assert calls() == {"rope": 1}  # the path under test
     want_q, want_k = reference.apply_rope(q.double(), k.double(), pos, config)
     torch.testing.assert_close(got_q.double(), want_q, atol=2e-6, rtol=0)
     torch.testing.assert_close(got_k.double(), want_k, atol=2e-6, rtol=0)
@@ -171,9 +172,9 @@ def test_fast_path_mrope_uses_the_axis_frequencies(plain_first, monkeypatch):
     pn.apply_rope(q, k, pos, config=config)  # the first call caches; then the fast path is taken
     want_q, want_k = reference.apply_rope(q.double(), k.double(), pos, config)
     q2, k2 = q.clone(), k.clone()
-    calls = _watch_fast_path(monkeypatch)
+    calls = _watch_fast_path()
     pn.apply_rope_(q2, k2, pos, config=config)
-    assert calls == ["_ROPE_CPU_"]
+    assert calls() == {"rope_": 1}
     torch.testing.assert_close(q2.double(), want_q, atol=2e-6, rtol=0)
     torch.testing.assert_close(k2.double(), want_k, atol=2e-6, rtol=0)
 
@@ -194,6 +195,7 @@ def _bad_decode_calls():
         ("head_dim disagrees", lambda f, c: f(q[..., :32].clone(), k[..., :32].clone(), pos, config=c)),
         ("bad layout", lambda f, c: f(q.clone(), k.clone(), pos, config=c, layout="bsdh")),
         ("k of another rank", lambda f, c: f(q.clone(), k[0].clone(), pos, config=c)),
+        ("q and k of another rank", lambda f, c: f(q[0].clone(), k[0].clone(), pos, config=c)),  # the op refuses
         ("offset past int64", lambda f, c: f(q.clone(), k.clone(), pos, config=c, offset=2 ** 63)),
         ("offset a float", lambda f, c: f(q.clone(), k.clone(), pos, config=c, offset=1.5)),
         ("positions a list", lambda f, c: f(q.clone(), k.clone(), [[5], [9]], config=c)),
@@ -221,7 +223,7 @@ def test_fast_and_general_path_refuse_the_same_calls(case, in_place, monkeypatch
     name, call = _bad_decode_calls()[case]
     fn = pn.apply_rope_ if in_place else pn.apply_rope
     errors = []
-    for fast in (True, False):
+    for fast in (ops._FAST, None):
         monkeypatch.setattr(ops, "_FAST", fast)
         with pytest.raises((TypeError, ValueError, RuntimeError)) as e:
             call(fn, config)
@@ -230,7 +232,7 @@ def test_fast_and_general_path_refuse_the_same_calls(case, in_place, monkeypatch
     if in_place:  # a refused call writes nothing: the checks run before the kernel on either path
         q = torch.randn(2, 1, 4, 64, generator=GEN)
         before = q.clone()
-        monkeypatch.setattr(ops, "_FAST", True)
+        monkeypatch.undo()
         with pytest.raises((TypeError, ValueError, RuntimeError)):
             pn.apply_rope_(q, None, torch.tensor([[1], [2]]), config=config, mrope_section=(8, 12, 12))
         assert torch.equal(q, before)
@@ -242,11 +244,11 @@ def test_inv_freq_fast_path_matches_reference(interleaved, dtype, monkeypatch):
     """apply_rope(inv_freq=) takes the fast path too (its factor and pairing of their exact types)."""
     q, k, pos = _decode_inputs(B=5, dtype=dtype)
     inv = _config().inv_freq().double()
-    calls = _watch_fast_path(monkeypatch)
+    calls = _watch_fast_path()
     got_q, got_k = pn.apply_rope(q, k, pos, inv_freq=inv, attention_factor=1.25, interleaved=interleaved, offset=3)
     q2, k2 = q.clone(), k.clone()
     pn.apply_rope_(q2, k2, pos, inv_freq=inv, attention_factor=1.25, interleaved=interleaved, offset=3)
-    assert calls == ["_ROPE_CPU", "_ROPE_CPU_"]
+    assert calls() == {"rope": 1, "rope_": 1}
     want_q, want_k = reference.apply_rope(q.double(), k.double(), pos, inv_freq=inv, attention_factor=1.25,
                                           interleaved=interleaved, offset=3)
     atol, rtol = (2e-6 * 1.25, 0.0) if dtype == torch.float32 else (1e-2, 1e-2)  # 16-bit: |values| up to ~6
@@ -286,11 +288,9 @@ def test_apply_rotary_pos_emb_fast_path_matches_transformers_and_refuses_alike(m
     angles = torch.randint(0, 5000, (2, 3), generator=GEN)[..., None] * _config().inv_freq().double()
     emb = torch.cat((angles, angles), -1)
     cos, sin = emb.cos().float(), emb.sin().float()
-    calls = []
-    real = ops._ROPE_COS_SIN_CPU
-    monkeypatch.setattr(ops, "_ROPE_COS_SIN_CPU", lambda *a: calls.append(1) or real(*a))
+    calls = _watch_fast_path()
     got_q, got_k = pn.apply_rotary_pos_emb(q, k, cos, sin)
-    assert calls == [1]
+    assert calls() == {"rope_cos_sin": 1}
     want_q, want_k = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)
     torch.testing.assert_close(got_q, want_q, atol=2e-6, rtol=0)
     torch.testing.assert_close(got_k, want_k, atol=2e-6, rtol=0)
@@ -299,9 +299,101 @@ def test_apply_rotary_pos_emb_fast_path_matches_transformers_and_refuses_alike(m
            lambda: pn.apply_rotary_pos_emb(q, k, cos, sin[:1])]
     for call in bad:
         errors = []
-        for fast in (True, False):
+        for fast in (ops._FAST, None):
             monkeypatch.setattr(ops, "_FAST", fast)
             with pytest.raises(RuntimeError) as e:
                 call()
             errors.append(str(e.value))
         assert errors[0] == errors[1]
+
+
+def test_fast_path_reaches_the_kernel_as_this_torch_allows():
+    """The _direct extension is built and bound: through the op library's direct entry where torch
+    has the Python interop shims (2.14 on), else through the op's redispatch."""
+    direct = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 14)
+    assert ops._FAST is not None
+    assert pn.build_info()["fast_path"] == ("direct entry" if direct else "redispatch")
+
+
+def test_fast_path_keeps_reference_counts():
+    """The extension's reference counting (C): inputs, config and results hold no extra references
+    after many calls, taken or declined."""
+    import sys
+
+    config = _config()
+    _warm(config)
+    q, k, pos = _decode_inputs()
+    inv = config.inv_freq().double()
+    angles = pos[..., None] * inv
+    cos, sin = torch.cat((angles, angles), -1).cos().float(), torch.cat((angles, angles), -1).sin().float()
+    qt, kt = q.transpose(1, 2), k.transpose(1, 2)
+    objects = (q, k, pos, config, inv, cos, sin)
+    before = [sys.getrefcount(o) for o in objects]
+    calls = _watch_fast_path()
+    for _ in range(50):
+        out = pn.apply_rope(q, k, pos, config=config)
+        assert all(sys.getrefcount(t) == 3 for t in out)  # the tuple's, out's element and the argument
+        pn.apply_rope_(q, k, pos, config=config)
+        pn.apply_rope(q, k, pos, inv_freq=inv, attention_factor=0.5)
+        pn.apply_rotary_pos_emb(qt, kt, cos, sin)
+        with pytest.raises(RuntimeError):  # declined by the op, refused by the general path
+            pn.apply_rope_(q, k, pos.float(), config=config)
+        with pytest.raises(ValueError):  # declined by the fast path's own test
+            pn.apply_rope_(q, k, pos, config=config, rotary_dim=32)
+    assert calls() == {"rope": 100, "rope_": 50, "rope_cos_sin": 50}
+    del out
+    assert [sys.getrefcount(o) for o in objects] == before
+
+
+def test_fast_path_declines_other_devices_and_subclasses():
+    """Tensors on another device (here meta) or of a Tensor subclass take the general path, and
+    give its results."""
+    class Tagged(torch.Tensor):
+        pass
+
+    config = _config()
+    _warm(config)
+    q, k, pos = _decode_inputs()
+    calls = _watch_fast_path()
+    mq, mk = pn.apply_rope(q.to("meta"), k.to("meta"), pos.to("meta"), config=config)
+    assert mq.device.type == "meta" and mq.shape == q.shape and mk.shape == k.shape
+    got_q, got_k = pn.apply_rope(q.as_subclass(Tagged), k, pos, config=config)
+    assert calls() == {}
+    want_q, want_k = reference.apply_rope(q.double(), k.double(), pos, config)
+    torch.testing.assert_close(got_q.double(), want_q, atol=2e-6, rtol=0)
+    torch.testing.assert_close(got_k.double(), want_k, atol=2e-6, rtol=0)
+    with pytest.raises(RuntimeError) as fast:  # positions elsewhere: declined, the general path's error
+        pn.apply_rope(q, k, pos.to("meta"), config=config)
+    assert calls() == {}
+    assert "positions" in str(fast.value) or "device" in str(fast.value)
+
+
+def test_large_calls_from_threads_match_reference():
+    """Calls large enough that the direct entry releases the GIL while the kernel runs, from four
+    Python threads at once (each thread has its own stream rows): every result is the reference's."""
+    import threading
+
+    config = _config(interleaved=True)
+    _warm(config)
+    inputs = [(torch.randn(1, 512, 4, 64, generator=GEN), torch.randn(1, 512, 2, 64, generator=GEN),
+               torch.randint(0, 100_000, (1, 512), generator=GEN)) for _ in range(4)]
+    wants = [reference.apply_rope(q.double(), k.double(), pos, config) for q, k, pos in inputs]
+    results = [None] * 4
+    calls = _watch_fast_path()
+
+    def work(i):
+        q, k, pos = inputs[i]
+        for _ in range(20):
+            q2, k2 = q.clone(), k.clone()
+            pn.apply_rope_(q2, k2, pos, config=config)
+        results[i] = (q2, k2)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls() == {"rope_": 80}
+    for (got_q, got_k), (want_q, want_k) in zip(results, wants):
+        torch.testing.assert_close(got_q.double(), want_q, atol=2e-6, rtol=0)
+        torch.testing.assert_close(got_k.double(), want_k, atol=2e-6, rtol=0)

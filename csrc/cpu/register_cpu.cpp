@@ -1,4 +1,5 @@
 #include "cpu/kernels.h"
+#include "host/direct.h"
 
 namespace posenc::cpu {
 namespace {
@@ -9,4 +10,9 @@ constexpr Backend kCpuBackend{run_sinusoidal, run_rope, always, run_bucket, run_
 
 STABLE_TORCH_LIBRARY_IMPL(posenc, CPU, m) {
   posenc::register_kernels<posenc::cpu::kCpuBackend, posenc::NoDeviceGuard>(m);
+}
+
+// The direct entry (direct_entry.h): the same CPU kernels, for the Python package's fast path.
+extern "C" __attribute__((visibility("default"))) PosencDirectKernel posenc_direct_kernel(const char* op_name) {
+  return posenc::direct::kernel_named<posenc::cpu::kCpuBackend>(op_name);
 }

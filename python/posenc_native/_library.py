@@ -119,6 +119,35 @@ def load_library(path: str | None = None) -> str:
     return _loaded_path
 
 
+_FAST_PATH_NAME = "_direct.abi3.so"
+_fast_path_kind: str | None = None
+
+
+def load_fast_path(objects: dict[str, Any]) -> Any:
+    """The decode fast path (``posenc_native._direct``, csrc/python/direct.c) bound to the loaded op
+    library and to the Python objects it needs (``ops.py`` hands them over), or None where there is
+    none: no extension next to the op library (a build without Python headers), or a Python that
+    cannot load it (it is built for CPython's stable ABI). :func:`build_info` says which way it runs
+    the kernels: ``"direct entry"`` (torch >= 2.14: the op library's ``posenc_direct_kernel``, no
+    argument boxing) or ``"redispatch"`` (an older torch: the op's redispatch to the CPU key)."""
+    global _fast_path_kind
+    import importlib.machinery
+    import importlib.util
+    main = load_library()
+    path = Path(main).parent / _FAST_PATH_NAME
+    if not path.exists():
+        return None
+    try:
+        loader = importlib.machinery.ExtensionFileLoader("posenc_native._direct", str(path))
+        module = importlib.util.module_from_spec(
+            importlib.util.spec_from_file_location("posenc_native._direct", str(path), loader=loader))
+        loader.exec_module(module)
+    except ImportError:
+        return None
+    _fast_path_kind = "direct entry" if module.bind(main, objects) else "redispatch"
+    return module
+
+
 def _has_cuda_kernels() -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key("posenc::rope", "CUDA")
 
@@ -176,7 +205,9 @@ def build_info() -> dict[str, Any]:
     compiled, in the CUDA kernel library), ``cuda_version``, ``cuda_archs`` (list), ``cxx_compiler``,
     ``cuda_compiler``, ``cxx11_abi`` (bool), ``cpu_isa`` (the CPU path this process takes),
     ``library`` (path), ``cuda_library`` (path of the loaded CUDA kernel library, or None: a CPU-only
-    torch, or a build without CUDA kernels), ``torch_supported`` (the torch range, as a requirement).
+    torch, or a build without CUDA kernels), ``torch_supported`` (the torch range, as a requirement),
+    ``fast_path`` (how the decode fast path reaches the CPU kernels: ``"direct entry"``,
+    ``"redispatch"``, or None where it is not built: :func:`load_fast_path`).
     """
     if _loaded_path is None:
         load_library()
@@ -186,4 +217,6 @@ def build_info() -> dict[str, Any]:
     info["library"] = _loaded_path
     info["cuda_library"] = _loaded_cuda_path
     info["torch_supported"] = TORCH_REQUIREMENT
+    from . import ops  # noqa: F401  (binds the decode fast path)
+    info["fast_path"] = _fast_path_kind
     return info

@@ -11,6 +11,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from . import _library
 from ._library import load_library
 from ._op_args import arg_index as _arg_index, bind, call, input_grads, save_args, saved_args, tensor_fields
 from ._rope_math import HEAD_AXIS, LAYOUTS, SEQ_AXIS, axis_inv_freq, mrope_pair_axes, seq_len_from_positions
@@ -236,42 +237,31 @@ def _axis_layout_inv_freq(inv_freq: torch.Tensor, mrope_section, mrope_interleav
     return axis_inv_freq(inv_freq, mrope_pair_axes(section, interleaved), len(section))
 
 
-# Decode fast path (issue 9). At decode a call rotates a few kilobytes, so the op's dispatch costs
-# as much as the kernel: going through the Autograd key alone (a Python kernel, registered below)
-# costs several microseconds, the _AutoDispatchBelowAutograd context that skips it ~0.5 us. When
-# nothing is to be recorded or intercepted (eager mode, plain CPU tensors, no gradient wanted, no
-# mode, functorch transform or profiler active: _nothing_intercepts), _rope and apply_rotary_pos_emb
-# call the CPU kernel straight away (redispatch with the CPU key alone), and _rope bumps q and k's
-# version counters itself after an in-place write: exactly what the Autograd and ADInplaceOrView
-# kernels do in that case. An inference tensor written in place outside inference mode takes the
-# general path (whose checks refuse it).
+# Decode fast path (issue 9; docs/architecture.md, section 2.1). At decode a call rotates a
+# few kilobytes, so the Python around the op and the dispatcher cost more than the kernel. _rope and
+# apply_rotary_pos_emb first offer the call to the _direct extension (csrc/python/direct.c), which
+# runs the CPU kernel straight away when nothing is to be recorded or intercepted (plain CPU tensors,
+# no gradient wanted, no mode, functorch transform or profiler active), bumping q and k's version
+# counters after an in-place write as the ADInplaceOrView kernel does. It answers None for every call
+# it does not take, and for every call the op refuses: those take the general path, which raises its
+# own error. torch.compile traces the general path (is_compiling first).
 
 _Tensor = torch.Tensor
 _INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 _is_compiling = torch.compiler.is_compiling
-_increment_version = torch._C._increment_version
-_inference_mode = torch.is_inference_mode_enabled
 try:
-    _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
-    _ROPE_CPU = torch.ops.posenc.rope.default._handle.redispatch_boxed
-    _ROPE_CPU_ = torch.ops.posenc.rope_.default._handle.redispatch_boxed
-    _ROPE_COS_SIN_CPU = torch.ops.posenc.rope_cos_sin.default._handle.redispatch_boxed
-    _functorch_active = torch._C._are_functorch_transforms_active
-    _dispatch_modes = torch._C._len_torch_dispatch_stack
-    _function_modes = torch._C._is_torch_function_mode_enabled
-    _profiling = torch._C._autograd._profiler_enabled
-    _FAST = True
-except AttributeError:  # another torch: no fast path, same results
-    _FAST = False
-
-
-def _nothing_intercepts(in_place: bool, q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Whether a call on plain tensors q and k (exact type) may skip the dispatcher: q on the CPU, no
-    gradient wanted, no inference tensor written in place outside inference mode, no functorch
-    transform, dispatch or function mode, or profiler active. The caller checks is_compiling first."""
-    return (q.is_cpu and not (q.requires_grad or k.requires_grad)
-            and not (in_place and (q.is_inference() or k.is_inference()) and not _inference_mode())
-            and not (_functorch_active() or _dispatch_modes() or _function_modes() or _profiling()))
+    _FAST_PATH_OBJECTS = {
+        "tensor": torch.Tensor, "config": RopeConfig,
+        "intercepting": (torch._C._are_functorch_transforms_active, torch._C._len_torch_dispatch_stack,
+                         torch._C._is_torch_function_mode_enabled, torch._C._autograd._profiler_enabled),
+        "inference_mode": torch.is_inference_mode_enabled, "increment_version": torch._C._increment_version,
+        "cpu_keys": torch._C.DispatchKeySet(torch._C.DispatchKey.CPU),
+        **{name: getattr(torch.ops.posenc, name).default._handle.redispatch_boxed
+           for name in ("rope", "rope_", "rope_cos_sin")},
+    }
+except AttributeError:  # a torch without one of these: no fast path, same results
+    _FAST_PATH_OBJECTS = None
+_FAST = _library.load_fast_path(_FAST_PATH_OBJECTS) if _FAST_PATH_OBJECTS else None
 
 
 def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset,
@@ -279,37 +269,18 @@ def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, i
     """One call of :func:`apply_rope` (:func:`apply_rope_` when ``in_place``; RotaryEmbedding.forward
     calls apply_rope), in three steps:
 
-    1. the decode fast path (above), one test that takes the call straight to the CPU kernel. Each of
-       its terms either implies that a check of step 2 passes or is a fast-path condition, so it
-       accepts only calls that step 2 accepts. Calls it does not accept (an explicit ``rotary_dim=``,
-       an offset or factor not of its exact type, a config's first call, an axis layout given by
-       ``mrope_section=``) go on, none refused by it;
+    1. the decode fast path (above; csrc/python/direct.c), which runs the CPU kernel for the calls
+       it takes and answers None for the others, and for the calls the op refuses: those go on;
     2. every check made in Python: a TypeError/ValueError naming the argument (the op checks the
        rest, shapes against each other, dtypes, devices and positions, on either path);
     3. the general path.
     """
-    # -- 1. the decode fast path: plain CPU tensors, config= (its CPU frequencies cached: not on its
-    # first call) or inv_freq=, the other arguments at their defaults or of their exact types, nothing
-    # to record or intercept (is_compiling first: torch.compile traces step 3)
-    if (not _is_compiling() and _FAST and type(q) is _Tensor and type(k) is _Tensor and type(offset) is int
-            and cu_seqlens is None and rotary_dim is None and mrope_section is None and not mrope_interleaved
-            and (positions is None or type(positions) is _Tensor) and type(layout) is str
-            and (n := _LAYOUT_DIMS.get(layout)) is not None and q.dim() == n and k.dim() == n):
-        if config is None:
-            freq = ((inv_freq, 1.0 if attention_factor is None else attention_factor, interleaved is True)
-                    if (type(inv_freq) is _Tensor and (attention_factor is None or type(attention_factor) is float)
-                        and (interleaved is None or interleaved is True or interleaved is False)) else None)
-        elif type(config) is RopeConfig and inv_freq is None and attention_factor is None and interleaved is None:
-            plain = config._frequencies.cpu_plain  # (inv_freq, attention_factor, interleaved, head_dim)
-            freq = plain if plain is not None and q.shape[-1] == plain[3] else None
-        else:
-            freq = None
-        if freq is not None and _INT64_MIN <= offset <= _INT64_MAX and _nothing_intercepts(in_place, q, k):
-            if in_place:
-                _ROPE_CPU_(_CPU_KEYS, q, k, positions, None, freq[0], freq[1], freq[2], layout, offset, False)
-                _increment_version((q, k))  # after the write, as ADInplaceOrView does
-                return q, k
-            return _ROPE_CPU(_CPU_KEYS, q, k, positions, None, freq[0], freq[1], freq[2], layout, offset, False)
+    # -- 1. the decode fast path
+    if _FAST is not None and not _is_compiling():
+        done = _FAST.rope(in_place, q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset,
+                          cu_seqlens, rotary_dim, mrope_section, mrope_interleaved)
+        if done is not None:
+            return done
 
     # -- 2. checks
     n = _LAYOUT_DIMS.get(layout) if isinstance(layout, str) else None
@@ -479,8 +450,10 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         raise ValueError(f"unsqueeze_dim must be 1 ([B,H,S,D]) or 2 ([B,S,H,D]), got {unsqueeze_dim!r}")
     layout = "bhsd" if unsqueeze_dim == 1 else "bshd"
     positions = position_ids if (position_ids is not None and cos.dim() == 2) else None
-    if not _is_compiling() and _FAST and type(q) is _Tensor and type(k) is _Tensor and _nothing_intercepts(False, q, k):
-        return _ROPE_COS_SIN_CPU(_CPU_KEYS, q, k, cos, sin, positions, layout, False)  # as _rope's fast path
+    if _FAST is not None and not _is_compiling():  # as _rope's fast path
+        done = _FAST.rope_cos_sin(q, k, cos, sin, positions, layout)
+        if done is not None:
+            return done
     with _autograd_skipped(q, k):
         return torch.ops.posenc.rope_cos_sin(q, k, cos, sin, positions, layout, False)
 

@@ -29,7 +29,7 @@ class DeviceFrequencies:
         self._lock = threading.Lock()
         # (inv_freq, attention_factor, interleaved, head_dim) on the CPU once cached there, for a
         # config whose frequencies do not depend on the sequence length: all the ops' decode fast
-        # path reads of the config, in one attribute (ops.py, _rope)
+        # path reads of the config, in one attribute (csrc/python/direct.c, rope)
         self.cpu_plain: Optional[tuple] = None
 
     @torch.compiler.assume_constant_result

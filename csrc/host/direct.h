@@ -1,0 +1,123 @@
+// The direct entry (csrc/direct_entry.h; docs/architecture.md, "The direct entry"): an op's kernel
+// called with Python tensors by the Python package's decode fast path, without the dispatcher's
+// argument boxing. The op's arguments are its struct (registration.h) filled from a PosencArg array
+// instead of the dispatcher's stack; everything after that (the host checks, the runners) is the
+// dispatcher path's own code.
+#pragma once
+#include <cstring>
+#include <type_traits>
+
+#include "direct_entry.h"
+#include "host/backend.h"
+
+// torch's Python interop shims (torch/csrc/stable/c/shim.h, torch >= 2.14), declared weak here: the
+// library targets an older torch (CMakeLists.txt, POSENC_TORCH_TARGET), where they are absent (null)
+// and posenc_direct_kernel answers NULL. They live in libtorch and need libtorch_python loaded, which
+// a Python caller has; the library itself links no Python.
+extern "C" {
+__attribute__((weak)) AOTITorchError torch_tensor_from_pyobject(void* py_obj, AtenTensorHandle* ret);
+__attribute__((weak)) AOTITorchError torch_tensor_to_pyobject(AtenTensorHandle ath, void* py_type, void** ret);
+}
+
+namespace posenc::direct {
+
+inline bool get(const PosencArg& a, Tensor& t) {
+  AtenTensorHandle h = nullptr;
+  if (a.tag != POSENC_ARG_TENSOR || torch_tensor_from_pyobject(a.v.tensor, &h) != AOTI_TORCH_SUCCESS) return false;
+  t = Tensor(h);
+  return t.device().is_cpu();  // the CPU backend's kernel; anything else goes to the dispatcher
+}
+inline bool get(const PosencArg& a, OptTensor& t) {
+  if (a.tag == POSENC_ARG_NONE) return true;
+  return get(a, t.emplace());
+}
+inline bool get(const PosencArg& a, int64_t& i) {
+  i = a.v.i;
+  return a.tag == POSENC_ARG_INT;
+}
+inline bool get(const PosencArg& a, double& f) {  // an int where the schema says float, as torch allows
+  f = a.tag == POSENC_ARG_INT ? static_cast<double>(a.v.i) : a.v.f;
+  return a.tag == POSENC_ARG_FLOAT || a.tag == POSENC_ARG_INT;
+}
+inline bool get(const PosencArg& a, bool& b) {
+  b = a.v.i != 0;
+  return a.tag == POSENC_ARG_BOOL;
+}
+inline bool get(const PosencArg& a, std::string& s) {
+  if (a.tag != POSENC_ARG_STR) return false;
+  s = a.v.s;
+  return true;
+}
+template <typename T>  // dtypes: not passed directly (the dispatcher path takes them)
+bool get(const PosencArg&, T&) {
+  return false;
+}
+
+inline int put(void** outputs, const Tensor& t) {
+  return torch_tensor_to_pyobject(t.get(), nullptr, &outputs[0]) == AOTI_TORCH_SUCCESS ? 1 : -1;
+}
+inline int put(void** outputs, const std::tuple<Tensor, Tensor>& t) {
+  if (put(outputs, std::get<0>(t)) < 0) return -1;
+  return put(outputs + 1, std::get<1>(t)) < 0 ? -1 : 2;  // (the first output's reference leaks then)
+}
+
+// Holds the GIL released while a kernel with more than a few microseconds of work runs, as torch's
+// own op calls from Python do (releasing it costs ~0.13 us, as much as a tenth of a decode step's call).
+constexpr int64_t kReleaseGilFromElements = int64_t{1} << 16;
+
+class GilReleased {
+ public:
+  GilReleased(const PosencGil* gil, bool worth_it)
+      : gil_(worth_it ? gil : nullptr), state_(gil_ ? gil_->release() : nullptr) {}
+  ~GilReleased() { reacquire(); }
+  void reacquire() {
+    if (gil_ != nullptr) gil_->reacquire(state_), gil_ = nullptr;
+  }
+
+ private:
+  const PosencGil* gil_;
+  void* state_;
+};
+
+// The direct kernel of one op on one backend (the counterpart of backend.h's boxed_kernel).
+template <typename Args, auto Op, const Backend& kBackend>
+int kernel(const PosencArg* args, int64_t nargs, void** outputs, const PosencGil* gil) noexcept {
+  try {
+    if (nargs != static_cast<int64_t>(Args::count)) return -1;
+    Args a;
+    bool ok = true;
+    int64_t i = 0;
+    int64_t elements = 0;
+    a.visit([&](auto& field) {
+      ok = ok && get(args[i++], field);
+      if constexpr (std::is_same_v<std::decay_t<decltype(field)>, Tensor>) {
+        if (ok) elements += field.numel();
+      }
+    });
+    if (!ok) return -1;
+    GilReleased released(gil, elements >= kReleaseGilFromElements);
+    if constexpr (std::is_void_v<decltype(Op(a, kBackend))>) {
+      Op(a, kBackend);
+      return 0;
+    } else {
+      const auto out = Op(a, kBackend);
+      released.reacquire();
+      return put(outputs, out);
+    }
+  } catch (...) {  // a refused argument: the dispatcher path raises the op's error
+    return -1;
+  }
+}
+
+// posenc_direct_kernel for a backend: the kernel of the op named op_name.
+template <const Backend& kBackend>
+PosencDirectKernel kernel_named(const char* op_name) {
+  if (torch_tensor_from_pyobject == nullptr || torch_tensor_to_pyobject == nullptr) return nullptr;
+#define POSENC_DIRECT(name, Args, ...) \
+  if (std::strcmp(op_name, #name) == 0) return &kernel<Args, &name##_op, kBackend>;
+  POSENC_OPS(POSENC_DIRECT)
+#undef POSENC_DIRECT
+  return nullptr;
+}
+
+}  // namespace posenc::direct

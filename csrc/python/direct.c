@@ -1,0 +1,317 @@
+/* posenc_native._direct: the decode fast path of posenc_native's ops (docs/architecture.md, "The
+ * decode fast path"). At decode a call rotates a few kilobytes, so the Python around the op and the
+ * dispatcher's argument boxing cost more than the kernel. When nothing is to be recorded or
+ * intercepted, rope() and rope_cos_sin() below run the op's CPU kernel straight away:
+ *   - through the op library's direct entry (csrc/direct_entry.h: the tensors handed over as Python
+ *     objects, no boxing) where the running torch has the interop shims (torch >= 2.14),
+ *   - else through the op's redispatch to the CPU key (what the Autograd and ADInplaceOrView
+ *     kernels would do for such a call).
+ * They return None, having written nothing, for any call they do not take, and for any call whose
+ * arguments the op refuses: the caller then takes the general path, which raises its own error.
+ * CPython's stable ABI (abi3): one build serves every CPython >= 3.10. It knows nothing of torch
+ * beyond the Python objects bind() hands it, and finds the op library's entry with dlsym. */
+#ifndef Py_LIMITED_API
+#define Py_LIMITED_API 0x030A0000 /* CMake sets it (USE_SABI 3.10) */
+#endif
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+
+#include "direct_entry.h"
+
+enum { ROPE, ROPE_, ROPE_COS_SIN, N_OPS };
+static const char* const op_names[N_OPS] = {"rope", "rope_", "rope_cos_sin"};
+
+/* What bind() hands over. */
+static struct {
+  PyObject* tensor_type;             /* torch.Tensor: q and k of exactly this type */
+  PyObject* config_type;             /* posenc_native.RopeConfig */
+  PyObject* intercepting[4];         /* no-argument callables, true while something intercepts calls */
+  PyObject* inference_mode;          /* torch.is_inference_mode_enabled */
+  PyObject* increment_version;       /* torch._C._increment_version((q, k)) */
+  PyObject* cpu_keys;                /* the CPU dispatch key set, for the redispatch */
+  PyObject* redispatch[N_OPS];       /* each op's OpOverload._handle.redispatch_boxed */
+  PosencDirectKernel direct[N_OPS];  /* each op's direct kernel, or NULL (torch < 2.14) */
+  Py_ssize_t taken[N_OPS];           /* kernel runs on the fast path, for the tests */
+} fp;
+static PyObject *s_requires_grad, *s_is_inference, *s_is_cpu, *s_frequencies, *s_cpu_plain, *s_shape;
+
+static void* release_gil(void) { return PyEval_SaveThread(); }
+static void reacquire_gil(void* state) { PyEval_RestoreThread((PyThreadState*)state); }
+static const PosencGil gil = {release_gil, reacquire_gil};
+
+/* 1 if the attribute is true, 0 if false, -1 on error. */
+static int attr_true(PyObject* o, PyObject* name) {
+  PyObject* v = PyObject_GetAttr(o, name);
+  if (v == NULL) return -1;
+  int r = PyObject_IsTrue(v);
+  Py_DECREF(v);
+  return r;
+}
+static int call_true(PyObject* f) {
+  PyObject* v = PyObject_CallNoArgs(f);
+  if (v == NULL) return -1;
+  int r = PyObject_IsTrue(v);
+  Py_DECREF(v);
+  return r;
+}
+static int method_true(PyObject* o, PyObject* name) {
+  PyObject* m = PyObject_GetAttr(o, name);
+  if (m == NULL) return -1;
+  int r = call_true(m);
+  Py_DECREF(m);
+  return r;
+}
+
+/* Whether a call on q and k (exact torch.Tensor) may skip the dispatcher: no gradient wanted, no
+ * inference tensor written in place outside inference mode, no functorch transform, dispatch or
+ * function mode, or profiler active. 1 yes, 0 no, -1 error. (The caller checked torch.compile.) */
+static int nothing_intercepts(int in_place, PyObject* q, PyObject* k) {
+  int r;
+  if ((r = attr_true(q, s_requires_grad)) != 0 || (r = attr_true(k, s_requires_grad)) != 0) return r < 0 ? -1 : 0;
+  if (in_place) {
+    int inference = method_true(q, s_is_inference);
+    if (inference == 0) inference = method_true(k, s_is_inference);
+    if (inference < 0) return -1;
+    if (inference && (r = call_true(fp.inference_mode)) != 1) return r < 0 ? -1 : 0;
+  }
+  for (int i = 0; i < 4; ++i)
+    if ((r = call_true(fp.intercepting[i])) != 0) return r < 0 ? -1 : 0;
+  return 1;
+}
+
+/* One argument as the direct entry takes it; 0 when it has no direct form. */
+static int to_arg(PyObject* o, PosencArg* a) {
+  if (o == Py_None) {
+    a->tag = POSENC_ARG_NONE;
+  } else if (o == Py_True || o == Py_False) {
+    a->tag = POSENC_ARG_BOOL, a->v.i = o == Py_True;
+  } else if (PyLong_Check(o)) {
+    int overflow = 0;
+    a->tag = POSENC_ARG_INT, a->v.i = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (a->v.i == -1 && PyErr_Occurred())) return PyErr_Clear(), 0;
+  } else if (PyFloat_Check(o)) {
+    a->tag = POSENC_ARG_FLOAT, a->v.f = PyFloat_AsDouble(o);
+  } else if (PyUnicode_Check(o)) {
+    a->tag = POSENC_ARG_STR, a->v.s = PyUnicode_AsUTF8AndSize(o, NULL);
+    if (a->v.s == NULL) return PyErr_Clear(), 0;
+  } else if (PyObject_TypeCheck(o, (PyTypeObject*)fp.tensor_type)) {
+    a->tag = POSENC_ARG_TENSOR, a->v.tensor = o;
+  } else {
+    return 0;
+  }
+  return 1;
+}
+
+/* Runs op's CPU kernel on its schema arguments args[0..n) (q first). Returns its result (None for
+ * an in-place op), or None with nothing written when the op refuses the arguments; NULL on an
+ * error that is not the op's refusal. *ran says whether the kernel ran. */
+#define MAX_ARGS 12
+static PyObject* run(int op, PyObject* const* args, Py_ssize_t n, int* ran) {
+  *ran = 0;
+  if (fp.direct[op] != NULL) {
+    PosencArg a[MAX_ARGS];
+    void* out[2] = {NULL, NULL};
+    int ok = n <= MAX_ARGS;
+    for (Py_ssize_t i = 0; ok && i < n; ++i) ok = to_arg(args[i], &a[i]);
+    int got = ok ? fp.direct[op](a, n, out, &gil) : -1;
+    if (got < 0) Py_RETURN_NONE;
+    *ran = 1;
+    if (got == 0) Py_RETURN_NONE;
+    PyObject* result = got == 1 ? Py_NewRef((PyObject*)out[0]) : PyTuple_Pack(2, (PyObject*)out[0], (PyObject*)out[1]);
+    for (int i = 0; i < got; ++i) Py_DECREF((PyObject*)out[i]);
+    return result;
+  }
+  /* The redispatch runs the CPU kernel whatever the tensors' device: only CPU tensors go there. */
+  int cpu = attr_true(args[0], s_is_cpu);
+  if (cpu != 1) return cpu < 0 ? NULL : Py_NewRef(Py_None);
+  PyObject* packed = PyTuple_New(n + 1);
+  if (packed == NULL) return NULL;
+  PyTuple_SetItem(packed, 0, Py_NewRef(fp.cpu_keys));
+  for (Py_ssize_t i = 0; i < n; ++i) PyTuple_SetItem(packed, i + 1, Py_NewRef(args[i]));
+  PyObject* result = PyObject_Call(fp.redispatch[op], packed, NULL);
+  Py_DECREF(packed);
+  if (result == NULL && PyErr_ExceptionMatches(PyExc_RuntimeError)) { /* the op's refusal, before any write */
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+  *ran = result != NULL;
+  return result;
+}
+
+/* rope(in_place, q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset,
+ *      cu_seqlens, rotary_dim, mrope_section, mrope_interleaved)
+ * ops._rope's arguments. Takes plain CPU tensors q and k, config= (a RopeConfig whose CPU frequencies
+ * are cached: not its first call, not a scheme that needs the sequence length) or inv_freq=, the
+ * other arguments at their defaults or of their exact types, nothing to record or intercept.
+ * Returns (q, k) rotated in place (their version counters bumped after the write, as
+ * ADInplaceOrView does) or the new (q_out, k_out); None for a call it does not take. */
+static PyObject* rope(PyObject* module, PyObject* const* a, Py_ssize_t nargs) {
+  if (nargs != 14) {
+    PyErr_SetString(PyExc_TypeError, "posenc_native._direct.rope takes ops._rope's 14 arguments");
+    return NULL;
+  }
+  PyObject *q = a[1], *k = a[2], *positions = a[3], *config = a[4], *inv_freq = a[5], *factor = a[6];
+  PyObject *interleaved = a[7], *layout = a[8], *offset = a[9];
+  int in_place = PyObject_IsTrue(a[0]);
+  int mrope_interleaved = PyObject_IsTrue(a[13]);
+  if (in_place < 0 || mrope_interleaved < 0) return NULL;
+  if (fp.tensor_type == NULL || (PyObject*)Py_TYPE(q) != fp.tensor_type || (PyObject*)Py_TYPE(k) != fp.tensor_type ||
+      !PyLong_CheckExact(offset) || a[10] != Py_None || a[11] != Py_None || a[12] != Py_None || mrope_interleaved ||
+      (positions != Py_None && (PyObject*)Py_TYPE(positions) != fp.tensor_type) || !PyUnicode_CheckExact(layout))
+    Py_RETURN_NONE;
+
+  PyObject* plain = NULL; /* the config's (inv_freq, attention_factor, interleaved, head_dim), owned */
+  PyObject *freq, *attention, *pairing;
+  if (config == Py_None) {
+    if ((PyObject*)Py_TYPE(inv_freq) != fp.tensor_type || (factor != Py_None && !PyFloat_CheckExact(factor)) ||
+        (interleaved != Py_None && interleaved != Py_True && interleaved != Py_False))
+      Py_RETURN_NONE;
+    freq = inv_freq, attention = factor, pairing = interleaved == Py_True ? Py_True : Py_False;
+  } else {
+    if ((PyObject*)Py_TYPE(config) != fp.config_type || inv_freq != Py_None || factor != Py_None || interleaved != Py_None)
+      Py_RETURN_NONE;
+    PyObject* frequencies = PyObject_GetAttr(config, s_frequencies);
+    if (frequencies == NULL) return NULL;
+    plain = PyObject_GetAttr(frequencies, s_cpu_plain);
+    Py_DECREF(frequencies);
+    if (plain == NULL) return NULL;
+    if (!PyTuple_Check(plain) || PyTuple_Size(plain) != 4) { /* None: not cached (yet) */
+      Py_DECREF(plain);
+      Py_RETURN_NONE;
+    }
+    /* q's head_dim must be the config's (the kernel would take any head_dim >= rotary_dim) */
+    PyObject* shape = PyObject_GetAttr(q, s_shape);
+    PyObject* head_dim = shape ? PySequence_GetItem(shape, PySequence_Size(shape) - 1) : NULL;
+    Py_XDECREF(shape);
+    int same = head_dim ? PyObject_RichCompareBool(head_dim, PyTuple_GetItem(plain, 3), Py_EQ) : -1;
+    Py_XDECREF(head_dim);
+    if (same != 1) {
+      Py_DECREF(plain);
+      if (same < 0) PyErr_Clear(); /* a 0-d q: the general path explains */
+      Py_RETURN_NONE;
+    }
+    freq = PyTuple_GetItem(plain, 0), attention = PyTuple_GetItem(plain, 1), pairing = PyTuple_GetItem(plain, 2);
+  }
+
+  PyObject* result = NULL;
+  int ok = nothing_intercepts(in_place, q, k);
+  if (ok <= 0) {
+    result = ok < 0 ? NULL : Py_NewRef(Py_None);
+  } else {
+    PyObject* one = NULL;
+    if (attention == Py_None && (attention = one = PyFloat_FromDouble(1.0)) == NULL) goto done;
+    /* the op's schema: q, k, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, inverse */
+    PyObject* args[10] = {q, k, positions, Py_None, freq, attention, pairing, layout, offset, Py_False};
+    const int op = in_place ? ROPE_ : ROPE;
+    int ran;
+    result = run(op, args, 10, &ran);
+    Py_XDECREF(one);
+    if (ran) {
+      fp.taken[op] += 1;
+      if (in_place) { /* after the write, as ADInplaceOrView does; returns (q, k) */
+        Py_DECREF(result);
+        result = PyTuple_Pack(2, q, k);
+        PyObject* bumped = result ? PyObject_CallFunctionObjArgs(fp.increment_version, result, NULL) : NULL;
+        if (bumped == NULL) Py_CLEAR(result);
+        Py_XDECREF(bumped);
+      }
+    }
+  }
+done:
+  Py_XDECREF(plain);
+  return result;
+}
+
+/* rope_cos_sin(q, k, cos, sin, positions, layout): ops.apply_rotary_pos_emb's call, after its
+ * checks. Returns (q_out, k_out), or None for a call it does not take. */
+static PyObject* rope_cos_sin(PyObject* module, PyObject* const* a, Py_ssize_t nargs) {
+  if (nargs != 6) {
+    PyErr_SetString(PyExc_TypeError, "posenc_native._direct.rope_cos_sin takes 6 arguments");
+    return NULL;
+  }
+  if (fp.tensor_type == NULL || (PyObject*)Py_TYPE(a[0]) != fp.tensor_type || (PyObject*)Py_TYPE(a[1]) != fp.tensor_type)
+    Py_RETURN_NONE;
+  int ok = nothing_intercepts(0, a[0], a[1]);
+  if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_None);
+  PyObject* args[7] = {a[0], a[1], a[2], a[3], a[4], a[5], Py_False}; /* ..., layout, inverse */
+  int ran;
+  PyObject* result = run(ROPE_COS_SIN, args, 7, &ran);
+  fp.taken[ROPE_COS_SIN] += ran;
+  return result;
+}
+
+static int take(PyObject* dict, const char* key, PyObject** slot) {
+  PyObject* v = PyDict_GetItemString(dict, key); /* borrowed */
+  if (v == NULL) {
+    PyErr_Format(PyExc_KeyError, "posenc_native._direct.bind: %s missing", key);
+    return 0;
+  }
+  Py_XDECREF(*slot);
+  *slot = Py_NewRef(v);
+  return 1;
+}
+
+/* bind(library_path, objects: dict) -> bool: whether the kernels run through the direct entry
+ * (else through the redispatch). objects: tensor, config, intercepting (4 callables),
+ * inference_mode, increment_version, cpu_keys, and each op's redispatch under its name. */
+static PyObject* bind(PyObject* module, PyObject* args) {
+  const char* path;
+  PyObject* objects;
+  if (!PyArg_ParseTuple(args, "sO!", &path, &PyDict_Type, &objects)) return NULL;
+  PyObject* intercepting = NULL;
+  if (!take(objects, "tensor", &fp.tensor_type) || !take(objects, "config", &fp.config_type) ||
+      !take(objects, "inference_mode", &fp.inference_mode) || !take(objects, "increment_version", &fp.increment_version) ||
+      !take(objects, "cpu_keys", &fp.cpu_keys) || !take(objects, "intercepting", &intercepting))
+    return NULL;
+  int ok = PyTuple_Check(intercepting) && PyTuple_Size(intercepting) == 4;
+  for (int i = 0; ok && i < 4; ++i) {
+    Py_XDECREF(fp.intercepting[i]);
+    fp.intercepting[i] = Py_NewRef(PyTuple_GetItem(intercepting, i));
+  }
+  Py_DECREF(intercepting);
+  if (!ok) {
+    PyErr_SetString(PyExc_TypeError, "posenc_native._direct.bind: intercepting must be a tuple of 4 callables");
+    return NULL;
+  }
+  for (int op = 0; op < N_OPS; ++op)
+    if (!take(objects, op_names[op], &fp.redispatch[op])) return NULL;
+
+  void* lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD); /* the library torch loaded, or nothing */
+  PosencDirectKernel (*kernel_named)(const char*) =
+      lib ? (PosencDirectKernel(*)(const char*))dlsym(lib, "posenc_direct_kernel") : NULL;
+  int direct = kernel_named != NULL;
+  for (int op = 0; op < N_OPS; ++op) direct = direct && (fp.direct[op] = kernel_named(op_names[op])) != NULL;
+  if (!direct)
+    for (int op = 0; op < N_OPS; ++op) fp.direct[op] = NULL;
+  if (lib) dlclose(lib); /* drops the reference NOLOAD took; torch keeps the library loaded */
+  return PyBool_FromLong(direct);
+}
+
+/* taken() -> {op name: kernel runs on the fast path so far} (for the tests). */
+static PyObject* taken(PyObject* module, PyObject* unused) {
+  PyObject* d = PyDict_New();
+  for (int op = 0; d != NULL && op < N_OPS; ++op) {
+    PyObject* n = PyLong_FromSsize_t(fp.taken[op]);
+    if (n == NULL || PyDict_SetItemString(d, op_names[op], n) < 0) Py_CLEAR(d);
+    Py_XDECREF(n);
+  }
+  return d;
+}
+
+static PyMethodDef methods[] = {
+    {"bind", bind, METH_VARARGS, "bind(library_path, objects) -> bool (direct entry in use)"},
+    {"rope", (PyCFunction)(void (*)(void))rope, METH_FASTCALL, "ops._rope's fast path"},
+    {"rope_cos_sin", (PyCFunction)(void (*)(void))rope_cos_sin, METH_FASTCALL, "apply_rotary_pos_emb's fast path"},
+    {"taken", taken, METH_NOARGS, "kernel runs on the fast path, per op"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_direct", NULL, -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__direct(void) {
+  const char* names[] = {"requires_grad", "is_inference", "is_cpu", "_frequencies", "cpu_plain", "shape"};
+  PyObject** slots[] = {&s_requires_grad, &s_is_inference, &s_is_cpu, &s_frequencies, &s_cpu_plain, &s_shape};
+  for (int i = 0; i < 6; ++i)
+    if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
+  return PyModule_Create(&module_def);
+}

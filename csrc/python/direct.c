@@ -31,10 +31,11 @@ static struct {
   PyObject* increment_version;       /* torch._C._increment_version((q, k)) */
   PyObject* cpu_keys;                /* the CPU dispatch key set, for the redispatch */
   PyObject* redispatch[N_OPS];       /* each op's OpOverload._handle.redispatch_boxed */
+  PyObject* general;                 /* ops._rope: the general path of a rope call */
   PosencDirectKernel direct[N_OPS];  /* each op's direct kernel, or NULL (torch < 2.14) */
   Py_ssize_t taken[N_OPS];           /* kernel runs on the fast path, for the tests */
 } fp;
-static PyObject *s_requires_grad, *s_is_inference, *s_is_cpu, *s_frequencies, *s_cpu_plain, *s_shape;
+static PyObject *s_requires_grad, *s_version, *s_is_cpu, *s_frequencies, *s_cpu_plain, *s_shape;
 
 static void* release_gil(void) { return PyEval_SaveThread(); }
 static void reacquire_gil(void* state) { PyEval_RestoreThread((PyThreadState*)state); }
@@ -55,12 +56,15 @@ static int call_true(PyObject* f) {
   Py_DECREF(v);
   return r;
 }
-static int method_true(PyObject* o, PyObject* name) {
-  PyObject* m = PyObject_GetAttr(o, name);
-  if (m == NULL) return -1;
-  int r = call_true(m);
-  Py_DECREF(m);
-  return r;
+/* 1 for an inference tensor, 0 for another, -1 on error. Reading _version is the cheapest probe
+ * (a getter; is_inference() is a method call costing twice as much): an inference tensor has no
+ * version counter, so reading it raises. */
+static int is_inference(PyObject* t) {
+  PyObject* v = PyObject_GetAttr(t, s_version);
+  if (v != NULL) return Py_DECREF(v), 0;
+  if (!PyErr_ExceptionMatches(PyExc_RuntimeError)) return -1;
+  PyErr_Clear();
+  return 1;
 }
 
 /* Whether a call on q and k (exact torch.Tensor) may skip the dispatcher: no gradient wanted, no
@@ -70,8 +74,8 @@ static int nothing_intercepts(int in_place, PyObject* q, PyObject* k) {
   int r;
   if ((r = attr_true(q, s_requires_grad)) != 0 || (r = attr_true(k, s_requires_grad)) != 0) return r < 0 ? -1 : 0;
   if (in_place) {
-    int inference = method_true(q, s_is_inference);
-    if (inference == 0) inference = method_true(k, s_is_inference);
+    int inference = is_inference(q);
+    if (inference == 0) inference = is_inference(k);
     if (inference < 0) return -1;
     if (inference && (r = call_true(fp.inference_mode)) != 1) return r < 0 ? -1 : 0;
   }
@@ -139,18 +143,14 @@ static PyObject* run(int op, PyObject* const* args, Py_ssize_t n, int* ran) {
   return result;
 }
 
-/* rope(in_place, q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset,
- *      cu_seqlens, rotary_dim, mrope_section, mrope_interleaved)
+/* rope_fast(in_place, q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset,
+ *           cu_seqlens, rotary_dim, mrope_section, mrope_interleaved)
  * ops._rope's arguments. Takes plain CPU tensors q and k, config= (a RopeConfig whose CPU frequencies
  * are cached: not its first call, not a scheme that needs the sequence length) or inv_freq=, the
  * other arguments at their defaults or of their exact types, nothing to record or intercept.
  * Returns (q, k) rotated in place (their version counters bumped after the write, as
  * ADInplaceOrView does) or the new (q_out, k_out); None for a call it does not take. */
-static PyObject* rope(PyObject* module, PyObject* const* a, Py_ssize_t nargs) {
-  if (nargs != 14) {
-    PyErr_SetString(PyExc_TypeError, "posenc_native._direct.rope takes ops._rope's 14 arguments");
-    return NULL;
-  }
+static PyObject* rope_fast(PyObject* const* a) {
   PyObject *q = a[1], *k = a[2], *positions = a[3], *config = a[4], *inv_freq = a[5], *factor = a[6];
   PyObject *interleaved = a[7], *layout = a[8], *offset = a[9];
   int in_place = PyObject_IsTrue(a[0]);
@@ -223,6 +223,22 @@ done:
   return result;
 }
 
+/* rope(...): rope_fast, and ops._rope (the general path) for the calls it declines. */
+static PyObject* rope(PyObject* module, PyObject* const* a, Py_ssize_t nargs) {
+  if (nargs != 14 || fp.general == NULL) {
+    PyErr_SetString(PyExc_TypeError, "posenc_native._direct.rope takes ops._rope's 14 arguments, after bind()");
+    return NULL;
+  }
+  PyObject* result = rope_fast(a);
+  if (result != Py_None) return result;
+  Py_DECREF(result);
+  PyObject* packed = PyTuple_New(nargs); /* (vectorcall is not in the limited API before 3.12) */
+  for (Py_ssize_t i = 0; packed != NULL && i < nargs; ++i) PyTuple_SetItem(packed, i, Py_NewRef(a[i]));
+  result = packed ? PyObject_Call(fp.general, packed, NULL) : NULL;
+  Py_XDECREF(packed);
+  return result;
+}
+
 /* rope_cos_sin(q, k, cos, sin, positions, layout): ops.apply_rotary_pos_emb's call, after its
  * checks. Returns (q_out, k_out), or None for a call it does not take. */
 static PyObject* rope_cos_sin(PyObject* module, PyObject* const* a, Py_ssize_t nargs) {
@@ -254,7 +270,8 @@ static int take(PyObject* dict, const char* key, PyObject** slot) {
 
 /* bind(library_path, objects: dict) -> bool: whether the kernels run through the direct entry
  * (else through the redispatch). objects: tensor, config, intercepting (4 callables),
- * inference_mode, increment_version, cpu_keys, and each op's redispatch under its name. */
+ * inference_mode, increment_version, cpu_keys, general (ops._rope), and each op's
+ * redispatch under its name. */
 static PyObject* bind(PyObject* module, PyObject* args) {
   const char* path;
   PyObject* objects;
@@ -262,7 +279,8 @@ static PyObject* bind(PyObject* module, PyObject* args) {
   PyObject* intercepting = NULL;
   if (!take(objects, "tensor", &fp.tensor_type) || !take(objects, "config", &fp.config_type) ||
       !take(objects, "inference_mode", &fp.inference_mode) || !take(objects, "increment_version", &fp.increment_version) ||
-      !take(objects, "cpu_keys", &fp.cpu_keys) || !take(objects, "intercepting", &intercepting))
+      !take(objects, "cpu_keys", &fp.cpu_keys) || !take(objects, "general", &fp.general) ||
+      !take(objects, "intercepting", &intercepting))
     return NULL;
   int ok = PyTuple_Check(intercepting) && PyTuple_Size(intercepting) == 4;
   for (int i = 0; ok && i < 4; ++i) {
@@ -301,7 +319,7 @@ static PyObject* taken(PyObject* module, PyObject* unused) {
 
 static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, "bind(library_path, objects) -> bool (direct entry in use)"},
-    {"rope", (PyCFunction)(void (*)(void))rope, METH_FASTCALL, "ops._rope's fast path"},
+    {"rope", (PyCFunction)(void (*)(void))rope, METH_FASTCALL, "a rope call: the fast path, else ops._rope"},
     {"rope_cos_sin", (PyCFunction)(void (*)(void))rope_cos_sin, METH_FASTCALL, "apply_rotary_pos_emb's fast path"},
     {"taken", taken, METH_NOARGS, "kernel runs on the fast path, per op"},
     {NULL, NULL, 0, NULL}};
@@ -309,8 +327,8 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_direct", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__direct(void) {
-  const char* names[] = {"requires_grad", "is_inference", "is_cpu", "_frequencies", "cpu_plain", "shape"};
-  PyObject** slots[] = {&s_requires_grad, &s_is_inference, &s_is_cpu, &s_frequencies, &s_cpu_plain, &s_shape};
+  const char* names[] = {"requires_grad", "_version", "is_cpu", "_frequencies", "cpu_plain", "shape"};
+  PyObject** slots[] = {&s_requires_grad, &s_version, &s_is_cpu, &s_frequencies, &s_cpu_plain, &s_shape};
   for (int i = 0; i < 6; ++i)
     if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
   return PyModule_Create(&module_def);

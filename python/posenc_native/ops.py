@@ -255,7 +255,7 @@ try:
         "intercepting": (torch._C._are_functorch_transforms_active, torch._C._len_torch_dispatch_stack,
                          torch._C._is_torch_function_mode_enabled, torch._C._autograd._profiler_enabled),
         "inference_mode": torch.is_inference_mode_enabled, "increment_version": torch._C._increment_version,
-        "cpu_keys": torch._C.DispatchKeySet(torch._C.DispatchKey.CPU),
+        "cpu_keys": torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), "general": lambda *args: _rope(*args),  # (defined below)
         **{name: getattr(torch.ops.posenc, name).default._handle.redispatch_boxed
            for name in ("rope", "rope_", "rope_cos_sin")},
     }
@@ -264,24 +264,23 @@ except AttributeError:  # a torch without one of these: no fast path, same resul
 _FAST = _library.load_fast_path(_FAST_PATH_OBJECTS) if _FAST_PATH_OBJECTS else None
 
 
+def _rope_entry():
+    """What takes a rope call (the arguments of :func:`_rope`): in eager mode the fast path, which
+    hands the calls it declines to _rope; _rope itself under torch.compile (which traces it), or
+    without the extension. Its callers call the result at once, so a call costs one Python frame."""
+    return _rope if _FAST is None or _is_compiling() else _FAST.rope
+
+
 def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset,
           cu_seqlens, rotary_dim, mrope_section, mrope_interleaved):
-    """One call of :func:`apply_rope` (:func:`apply_rope_` when ``in_place``; RotaryEmbedding.forward
-    calls apply_rope), in three steps:
+    """The general path of one call of :func:`apply_rope` (:func:`apply_rope_` when ``in_place``;
+    RotaryEmbedding.forward and the transformers integration call it too), in two steps, after the
+    decode fast path (:func:`_rope_entry`) declined it:
 
-    1. the decode fast path (above; csrc/python/direct.c), which runs the CPU kernel for the calls
-       it takes and answers None for the others, and for the calls the op refuses: those go on;
     2. every check made in Python: a TypeError/ValueError naming the argument (the op checks the
        rest, shapes against each other, dtypes, devices and positions, on either path);
-    3. the general path.
+    3. the op through the dispatcher.
     """
-    # -- 1. the decode fast path
-    if _FAST is not None and not _is_compiling():
-        done = _FAST.rope(in_place, q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset,
-                          cu_seqlens, rotary_dim, mrope_section, mrope_interleaved)
-        if done is not None:
-            return done
-
     # -- 2. checks
     n = _LAYOUT_DIMS.get(layout) if isinstance(layout, str) else None
     if n is None:
@@ -411,8 +410,8 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Opt
 
     Differentiable with respect to q and k (the backward is the transposed rotation).
     """
-    return _rope(False, q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens,
-                 rotary_dim, mrope_section, mrope_interleaved)
+    return _rope_entry()(False, q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset,
+                         cu_seqlens, rotary_dim, mrope_section, mrope_interleaved)
 
 
 def apply_rope_(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None, *,
@@ -428,8 +427,8 @@ def apply_rope_(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Op
     bumped; a leaf that requires grad is refused under grad mode; a non-leaf that requires grad gets
     the in-place gradient (the inverse rotation). Out-of-place :func:`apply_rope` is the usual choice
     for training. Positions with an axis layout as in :func:`apply_rope`."""
-    return _rope(True, q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens,
-                 rotary_dim, mrope_section, mrope_interleaved)
+    return _rope_entry()(True, q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset,
+                         cu_seqlens, rotary_dim, mrope_section, mrope_interleaved)
 
 
 def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

@@ -490,6 +490,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     isa = info.get("cpu_isa", "unknown (a library without POSENC_CPU_ISA)")
     print(f"CPU path: {isa} (POSENC_CPU_ISA={os.environ.get('POSENC_CPU_ISA', '')!r} caps it)")
     print(f"malloc:   {allocator}")
+    print(f"decode:   fast path through the {info.get('fast_path') or 'general path (no _direct extension)'}")
     print(f"timing:   {args.clock} clock, median of >= {settings.repeat} calls (and >= {settings.min_time} s) after {settings.warmup} "
           "warm-up; ratio = ours / baseline")
     print()

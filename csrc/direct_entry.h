@@ -29,15 +29,21 @@ typedef struct {
   void (*reacquire)(void*);
 } PosencGil;
 
-/* Runs the op's CPU kernel; called with the GIL held. Returns the number of outputs written to
- * `outputs` (new references to torch.Tensor objects), or -1 when it did nothing: an argument of
- * another kind or device than the kernel takes, or one that the op's checks refuse (which all run
- * before any write). The caller then calls the op through the dispatcher, which raises the op's error. */
-typedef int (*PosencDirectKernel)(const PosencArg* args, int64_t nargs, void** outputs, const PosencGil* gil);
+/* Runs the op's CPU kernel; called with the GIL held. lead_last_dim > 0 also requires the op's first
+ * tensor argument to have that last dimension (a config's head_dim, which the op cannot know).
+ * Returns the number of outputs written to `outputs` (new references to torch.Tensor objects), or -1
+ * when it did nothing: an argument of another kind or device than the kernel takes, a lead_last_dim
+ * not met, or an argument that the op's checks refuse (they all run before any write). The caller
+ * then takes its general path, which raises the error. */
+typedef int (*PosencDirectKernel)(const PosencArg* args, int64_t nargs, int64_t lead_last_dim, void** outputs,
+                                  const PosencGil* gil);
 
 /* The op's direct kernel, or NULL: an unknown op, or a torch without the Python interop shims
- * (torch_tensor_from_pyobject, torch >= 2.14). */
-PosencDirectKernel posenc_direct_kernel(const char* op_name);
+ * (torch_tensor_from_pyobject, torch >= 2.14). The name carries this interface's version: an
+ * extension and an op library from different builds find no common entry (and use the redispatch)
+ * instead of calling through a changed signature. */
+#define POSENC_DIRECT_KERNEL_SYMBOL "posenc_direct_kernel_v1"
+PosencDirectKernel posenc_direct_kernel_v1(const char* op_name);
 
 #ifdef __cplusplus
 }

@@ -13,6 +13,6 @@ STABLE_TORCH_LIBRARY_IMPL(posenc, CPU, m) {
 }
 
 // The direct entry (direct_entry.h): the same CPU kernels, for the Python package's fast path.
-extern "C" __attribute__((visibility("default"))) PosencDirectKernel posenc_direct_kernel(const char* op_name) {
+extern "C" __attribute__((visibility("default"))) PosencDirectKernel posenc_direct_kernel_v1(const char* op_name) {
   return posenc::direct::kernel_named<posenc::cpu::kCpuBackend>(op_name);
 }

@@ -8,11 +8,11 @@
 #include <type_traits>
 
 #include "direct_entry.h"
-#include "host/backend.h"
+#include "host/backend.h"  // lead_tensor, POSENC_OPS
 
 // torch's Python interop shims (torch/csrc/stable/c/shim.h, torch >= 2.14), declared weak here: the
 // library targets an older torch (CMakeLists.txt, POSENC_TORCH_TARGET), where they are absent (null)
-// and posenc_direct_kernel answers NULL. They live in libtorch and need libtorch_python loaded, which
+// and posenc_direct_kernel_v1 answers NULL. They live in libtorch and need libtorch_python loaded, which
 // a Python caller has; the library itself links no Python.
 extern "C" {
 __attribute__((weak)) AOTITorchError torch_tensor_from_pyobject(void* py_obj, AtenTensorHandle* ret);
@@ -81,7 +81,7 @@ class GilReleased {
 
 // The direct kernel of one op on one backend (the counterpart of backend.h's boxed_kernel).
 template <typename Args, auto Op, const Backend& kBackend>
-int kernel(const PosencArg* args, int64_t nargs, void** outputs, const PosencGil* gil) noexcept {
+int kernel(const PosencArg* args, int64_t nargs, int64_t lead_last_dim, void** outputs, const PosencGil* gil) noexcept {
   try {
     if (nargs != static_cast<int64_t>(Args::count)) return -1;
     Args a;
@@ -95,6 +95,10 @@ int kernel(const PosencArg* args, int64_t nargs, void** outputs, const PosencGil
       }
     });
     if (!ok) return -1;
+    if (lead_last_dim > 0) {
+      const Tensor& lead = ::posenc::detail::lead_tensor(a);
+      if (lead.dim() == 0 || lead.size(-1) != lead_last_dim) return -1;
+    }
     GilReleased released(gil, elements >= kReleaseGilFromElements);
     if constexpr (std::is_void_v<decltype(Op(a, kBackend))>) {
       Op(a, kBackend);
@@ -109,7 +113,7 @@ int kernel(const PosencArg* args, int64_t nargs, void** outputs, const PosencGil
   }
 }
 
-// posenc_direct_kernel for a backend: the kernel of the op named op_name.
+// posenc_direct_kernel_v1 for a backend: the kernel of the op named op_name.
 template <const Backend& kBackend>
 PosencDirectKernel kernel_named(const char* op_name) {
   if (torch_tensor_from_pyobject == nullptr || torch_tensor_to_pyobject == nullptr) return nullptr;

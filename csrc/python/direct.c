@@ -107,18 +107,32 @@ static int to_arg(PyObject* o, PosencArg* a) {
   return 1;
 }
 
+/* 1 if tensor t's last dimension is n, 0 if not (or t is 0-d), -1 on error. */
+static int last_dim_is(PyObject* t, int64_t n) {
+  PyObject* shape = PyObject_GetAttr(t, s_shape);
+  if (shape == NULL) return -1;
+  Py_ssize_t rank = PySequence_Size(shape);
+  PyObject* last = rank > 0 ? PySequence_GetItem(shape, rank - 1) : NULL;
+  Py_DECREF(shape);
+  if (rank <= 0) return rank < 0 ? -1 : 0;
+  if (last == NULL) return -1;
+  long long v = PyLong_AsLongLong(last);
+  Py_DECREF(last);
+  return v == -1 && PyErr_Occurred() ? -1 : v == n;
+}
+
 /* Runs op's CPU kernel on its schema arguments args[0..n) (q first). Returns its result (None for
  * an in-place op), or None with nothing written when the op refuses the arguments; NULL on an
  * error that is not the op's refusal. *ran says whether the kernel ran. */
 #define MAX_ARGS 12
-static PyObject* run(int op, PyObject* const* args, Py_ssize_t n, int* ran) {
+static PyObject* run(int op, PyObject* const* args, Py_ssize_t n, int64_t q_last_dim, int* ran) {
   *ran = 0;
   if (fp.direct[op] != NULL) {
     PosencArg a[MAX_ARGS];
     void* out[2] = {NULL, NULL};
     int ok = n <= MAX_ARGS;
     for (Py_ssize_t i = 0; ok && i < n; ++i) ok = to_arg(args[i], &a[i]);
-    int got = ok ? fp.direct[op](a, n, out, &gil) : -1;
+    int got = ok ? fp.direct[op](a, n, q_last_dim, out, &gil) : -1;
     if (got < 0) Py_RETURN_NONE;
     *ran = 1;
     if (got == 0) Py_RETURN_NONE;
@@ -129,6 +143,10 @@ static PyObject* run(int op, PyObject* const* args, Py_ssize_t n, int* ran) {
   /* The redispatch runs the CPU kernel whatever the tensors' device: only CPU tensors go there. */
   int cpu = attr_true(args[0], s_is_cpu);
   if (cpu != 1) return cpu < 0 ? NULL : Py_NewRef(Py_None);
+  if (q_last_dim > 0) {
+    int same = last_dim_is(args[0], q_last_dim);
+    if (same != 1) return same < 0 ? NULL : Py_NewRef(Py_None);
+  }
   PyObject* packed = PyTuple_New(n + 1);
   if (packed == NULL) return NULL;
   PyTuple_SetItem(packed, 0, Py_NewRef(fp.cpu_keys));
@@ -163,6 +181,7 @@ static PyObject* rope_fast(PyObject* const* a) {
 
   PyObject* plain = NULL; /* the config's (inv_freq, attention_factor, interleaved, head_dim), owned */
   PyObject *freq, *attention, *pairing;
+  long long head_dim = 0; /* > 0: q's last dimension must be this (config=) */
   if (config == Py_None) {
     if ((PyObject*)Py_TYPE(inv_freq) != fp.tensor_type || (factor != Py_None && !PyFloat_CheckExact(factor)) ||
         (interleaved != Py_None && interleaved != Py_True && interleaved != Py_False))
@@ -181,14 +200,10 @@ static PyObject* rope_fast(PyObject* const* a) {
       Py_RETURN_NONE;
     }
     /* q's head_dim must be the config's (the kernel would take any head_dim >= rotary_dim) */
-    PyObject* shape = PyObject_GetAttr(q, s_shape);
-    PyObject* head_dim = shape ? PySequence_GetItem(shape, PySequence_Size(shape) - 1) : NULL;
-    Py_XDECREF(shape);
-    int same = head_dim ? PyObject_RichCompareBool(head_dim, PyTuple_GetItem(plain, 3), Py_EQ) : -1;
-    Py_XDECREF(head_dim);
-    if (same != 1) {
+    head_dim = PyLong_AsLongLong(PyTuple_GetItem(plain, 3));
+    if (head_dim <= 0) {
       Py_DECREF(plain);
-      if (same < 0) PyErr_Clear(); /* a 0-d q: the general path explains */
+      if (PyErr_Occurred()) return NULL;
       Py_RETURN_NONE;
     }
     freq = PyTuple_GetItem(plain, 0), attention = PyTuple_GetItem(plain, 1), pairing = PyTuple_GetItem(plain, 2);
@@ -205,7 +220,7 @@ static PyObject* rope_fast(PyObject* const* a) {
     PyObject* args[10] = {q, k, positions, Py_None, freq, attention, pairing, layout, offset, Py_False};
     const int op = in_place ? ROPE_ : ROPE;
     int ran;
-    result = run(op, args, 10, &ran);
+    result = run(op, args, 10, head_dim, &ran);
     Py_XDECREF(one);
     if (ran) {
       fp.taken[op] += 1;
@@ -252,7 +267,7 @@ static PyObject* rope_cos_sin(PyObject* module, PyObject* const* a, Py_ssize_t n
   if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_None);
   PyObject* args[7] = {a[0], a[1], a[2], a[3], a[4], a[5], Py_False}; /* ..., layout, inverse */
   int ran;
-  PyObject* result = run(ROPE_COS_SIN, args, 7, &ran);
+  PyObject* result = run(ROPE_COS_SIN, args, 7, 0, &ran);
   fp.taken[ROPE_COS_SIN] += ran;
   return result;
 }
@@ -297,7 +312,7 @@ static PyObject* bind(PyObject* module, PyObject* args) {
 
   void* lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD); /* the library torch loaded, or nothing */
   PosencDirectKernel (*kernel_named)(const char*) =
-      lib ? (PosencDirectKernel(*)(const char*))dlsym(lib, "posenc_direct_kernel") : NULL;
+      lib ? (PosencDirectKernel(*)(const char*))dlsym(lib, POSENC_DIRECT_KERNEL_SYMBOL) : NULL;
   int direct = kernel_named != NULL;
   for (int op = 0; op < N_OPS; ++op) direct = direct && (fp.direct[op] = kernel_named(op_names[op])) != NULL;
   if (!direct)

@@ -128,7 +128,7 @@ def load_fast_path(objects: dict[str, Any]) -> Any:
     library and to the Python objects it needs (``ops.py`` hands them over), or None where there is
     none: no extension next to the op library (a build without Python headers), or a Python that
     cannot load it (it is built for CPython's stable ABI). :func:`build_info` says which way it runs
-    the kernels: ``"direct entry"`` (torch >= 2.14: the op library's ``posenc_direct_kernel``, no
+    the kernels: ``"direct entry"`` (torch >= 2.14: the op library's ``posenc_direct_kernel_v1``, no
     argument boxing) or ``"redispatch"`` (an older torch: the op's redispatch to the CPU key)."""
     global _fast_path_kind
     import importlib.machinery

@@ -70,21 +70,25 @@ inline void append(std::string& s, const char* type, const char* name, std::init
 
 #define POSENC_ARG_FIELD(kind, name) ::posenc::arg::kind::type name{};
 #define POSENC_ARG_COUNT(kind, name) +1
-#define POSENC_ARG_UNBOX(kind, name) a.name = torch::stable::detail::to<::posenc::arg::kind::type>(stack[i++]);
+#define POSENC_ARG_MAKE(kind, name) next.template operator()<::posenc::arg::kind::type>(),
 #define POSENC_ARG_SCHEMA(kind, name) ::posenc::arg::append(s, ::posenc::arg::kind::schema, #name, mutated);
 #define POSENC_ARG_VISIT(kind, name) f(name);
 
-// struct Name { fields...; count; unbox(stack); schema(mutated); visit(f) (each field, in order) }
+// struct Name { fields...; count; make(next); unbox(stack); schema(mutated); visit(f) }
 #define POSENC_ARGS_STRUCT(Name, LIST)                                                    \
   struct Name {                                                                          \
     LIST(POSENC_ARG_FIELD)                                                               \
     static constexpr uint64_t count = 0 LIST(POSENC_ARG_COUNT);                          \
+    /* The fields in order from next.operator()<T>() (a braced list: evaluated in order), each */ \
+    /* built once: a default-built tensor field would allocate a handle only to drop it. */ \
+    template <typename Next>                                                             \
+    static Name make(Next&& next) {                                                      \
+      return Name{LIST(POSENC_ARG_MAKE)};                                                \
+    }                                                                                    \
     /* Takes ownership of the count inputs on the stack (the stable ABI's calling convention). */ \
     static Name unbox(StableIValue* stack) {                                             \
-      Name a;                                                                            \
-      [[maybe_unused]] int i = 0;                                                        \
-      LIST(POSENC_ARG_UNBOX)                                                             \
-      return a;                                                                          \
+      int i = 0;                                                                         \
+      return make([&]<typename T>() { return torch::stable::detail::to<T>(stack[i++]); }); \
     }                                                                                    \
     static std::string schema(std::initializer_list<std::string_view> mutated = {}) {    \
       std::string s;                                                                     \
@@ -93,10 +97,6 @@ inline void append(std::string& s, const char* type, const char* name, std::init
     }                                                                                    \
     template <typename F>                                                                \
     void visit(F&& f) const {                                                            \
-      LIST(POSENC_ARG_VISIT)                                                             \
-    }                                                                                    \
-    template <typename F>                                                                \
-    void visit(F&& f) {                                                                  \
       LIST(POSENC_ARG_VISIT)                                                             \
     }                                                                                    \
   };

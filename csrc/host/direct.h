@@ -21,36 +21,35 @@ __attribute__((weak)) AOTITorchError torch_tensor_to_pyobject(AtenTensorHandle a
 
 namespace posenc::direct {
 
-inline bool get(const PosencArg& a, Tensor& t) {
-  AtenTensorHandle h = nullptr;
-  if (a.tag != POSENC_ARG_TENSOR || torch_tensor_from_pyobject(a.v.tensor, &h) != AOTI_TORCH_SUCCESS) return false;
-  t = Tensor(h);
-  return t.device().is_cpu();  // the CPU backend's kernel; anything else goes to the dispatcher
-}
-inline bool get(const PosencArg& a, OptTensor& t) {
-  if (a.tag == POSENC_ARG_NONE) return true;
-  return get(a, t.emplace());
-}
-inline bool get(const PosencArg& a, int64_t& i) {
-  i = a.v.i;
-  return a.tag == POSENC_ARG_INT;
-}
-inline bool get(const PosencArg& a, double& f) {  // an int where the schema says float, as torch allows
-  f = a.tag == POSENC_ARG_INT ? static_cast<double>(a.v.i) : a.v.f;
-  return a.tag == POSENC_ARG_FLOAT || a.tag == POSENC_ARG_INT;
-}
-inline bool get(const PosencArg& a, bool& b) {
-  b = a.v.i != 0;
-  return a.tag == POSENC_ARG_BOOL;
-}
-inline bool get(const PosencArg& a, std::string& s) {
-  if (a.tag != POSENC_ARG_STR) return false;
-  s = a.v.s;
-  return true;
-}
-template <typename T>  // dtypes: not passed directly (the dispatcher path takes them)
-bool get(const PosencArg&, T&) {
-  return false;
+// An argument the kernel does not take in this form: the call is declined (direct::kernel).
+struct Declined {};
+
+// The schema argument of type T from a PosencArg, or Declined.
+template <typename T>
+T get(const PosencArg& a) {
+  if constexpr (std::is_same_v<T, Tensor>) {
+    AtenTensorHandle h = nullptr;
+    if (a.tag != POSENC_ARG_TENSOR || torch_tensor_from_pyobject(a.v.tensor, &h) != AOTI_TORCH_SUCCESS) throw Declined{};
+    Tensor t(h);
+    if (!t.device().is_cpu()) throw Declined{};  // the CPU backend's kernel; anything else goes to the dispatcher
+    return t;
+  } else if constexpr (std::is_same_v<T, OptTensor>) {
+    return a.tag == POSENC_ARG_NONE ? OptTensor() : OptTensor(get<Tensor>(a));
+  } else if constexpr (std::is_same_v<T, int64_t>) {
+    if (a.tag != POSENC_ARG_INT) throw Declined{};
+    return a.v.i;
+  } else if constexpr (std::is_same_v<T, double>) {  // an int where the schema says float, as torch allows
+    if (a.tag != POSENC_ARG_FLOAT && a.tag != POSENC_ARG_INT) throw Declined{};
+    return a.tag == POSENC_ARG_INT ? static_cast<double>(a.v.i) : a.v.f;
+  } else if constexpr (std::is_same_v<T, bool>) {
+    if (a.tag != POSENC_ARG_BOOL) throw Declined{};
+    return a.v.i != 0;
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (a.tag != POSENC_ARG_STR) throw Declined{};
+    return std::string(a.v.s);
+  } else {  // dtypes: not passed directly (the dispatcher path takes them)
+    throw Declined{};
+  }
 }
 
 inline int put(void** outputs, const Tensor& t) {
@@ -84,17 +83,12 @@ template <typename Args, auto Op, const Backend& kBackend>
 int kernel(const PosencArg* args, int64_t nargs, int64_t lead_last_dim, void** outputs, const PosencGil* gil) noexcept {
   try {
     if (nargs != static_cast<int64_t>(Args::count)) return -1;
-    Args a;
-    bool ok = true;
     int64_t i = 0;
+    const Args a = Args::make([&]<typename T>() { return get<T>(args[i++]); });
     int64_t elements = 0;
-    a.visit([&](auto& field) {
-      ok = ok && get(args[i++], field);
-      if constexpr (std::is_same_v<std::decay_t<decltype(field)>, Tensor>) {
-        if (ok) elements += field.numel();
-      }
+    a.visit([&](const auto& field) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(field)>, Tensor>) elements += field.numel();
     });
-    if (!ok) return -1;
     if (lead_last_dim > 0) {
       const Tensor& lead = ::posenc::detail::lead_tensor(a);
       if (lead.dim() == 0 || lead.size(-1) != lead_last_dim) return -1;
@@ -108,7 +102,7 @@ int kernel(const PosencArg* args, int64_t nargs, int64_t lead_last_dim, void** o
       released.reacquire();
       return put(outputs, out);
     }
-  } catch (...) {  // a refused argument: the dispatcher path raises the op's error
+  } catch (...) {  // Declined, or an argument the op refused: the general path raises the error
     return -1;
   }
 }

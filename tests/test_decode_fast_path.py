@@ -296,15 +296,45 @@ def test_apply_rotary_pos_emb_fast_path_matches_transformers_and_refuses_alike(m
     torch.testing.assert_close(got_k, want_k, atol=2e-6, rtol=0)
     bad = [lambda: pn.apply_rotary_pos_emb(q, k, cos[..., :63], sin[..., :63]),  # odd rotary dim
            lambda: pn.apply_rotary_pos_emb(q, k.double(), cos, sin),
-           lambda: pn.apply_rotary_pos_emb(q, k, cos, sin[:1])]
+           lambda: pn.apply_rotary_pos_emb(q, k, cos, sin[:1]),
+           # the Python checks, which run after the fast path declined
+           lambda: pn.apply_rotary_pos_emb(q, k, cos, sin.tolist()),
+           lambda: pn.apply_rotary_pos_emb(q, k, cos, sin, position_ids=[[0, 1, 2]] * 2),  # ignored, yet checked
+           lambda: pn.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=True),
+           lambda: pn.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=3),
+           lambda: pn.apply_rotary_pos_emb(q.tolist(), k, cos, sin)]
     for call in bad:
         errors = []
         for fast in (ops._FAST, None):
             monkeypatch.setattr(ops, "_FAST", fast)
-            with pytest.raises(RuntimeError) as e:
+            with pytest.raises((TypeError, ValueError, RuntimeError)) as e:
                 call()
-            errors.append(str(e.value))
+            errors.append((type(e.value), str(e.value)))
         assert errors[0] == errors[1]
+    monkeypatch.undo()
+    assert calls() == {"rope_cos_sin": 1}  # none of them ran a kernel on the fast path
+
+
+def test_fast_path_leaves_tensor_subclasses_to_the_general_path():
+    """A Tensor subclass may intercept through __torch_function__, so the fast path takes plain
+    tensors only, in every tensor argument (cos and sin too), and the results are the general path's."""
+    class Tagged(torch.Tensor):
+        pass
+
+    q = torch.randn(2, 4, 3, 64, generator=GEN)
+    k = torch.randn(2, 2, 3, 64, generator=GEN)
+    angles = torch.randint(0, 5000, (2, 3), generator=GEN)[..., None] * _config().inv_freq().double()
+    emb = torch.cat((angles, angles), -1)
+    cos, sin = emb.cos().float(), emb.sin().float()
+    want_q, want_k = pn.apply_rotary_pos_emb(q, k, cos, sin)
+    calls = _watch_fast_path()
+    got_q, got_k = pn.apply_rotary_pos_emb(q, k, cos, sin.as_subclass(Tagged))
+    got_q2, got_k2 = pn.apply_rotary_pos_emb(q, k, cos.as_subclass(Tagged), sin)
+    assert calls() == {}
+    for got in (got_q, got_q2):
+        torch.testing.assert_close(got.as_subclass(torch.Tensor), want_q, atol=0, rtol=0)
+    for got in (got_k, got_k2):
+        torch.testing.assert_close(got.as_subclass(torch.Tensor), want_k, atol=0, rtol=0)
 
 
 def test_fast_path_reaches_the_kernel_as_this_torch_allows():

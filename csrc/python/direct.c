@@ -99,7 +99,7 @@ static int to_arg(PyObject* o, PosencArg* a) {
   } else if (PyUnicode_Check(o)) {
     a->tag = POSENC_ARG_STR, a->v.s = PyUnicode_AsUTF8AndSize(o, NULL);
     if (a->v.s == NULL) return PyErr_Clear(), 0;
-  } else if (PyObject_TypeCheck(o, (PyTypeObject*)fp.tensor_type)) {
+  } else if ((PyObject*)Py_TYPE(o) == fp.tensor_type) { /* a subclass may intercept: the general path */
     a->tag = POSENC_ARG_TENSOR, a->v.tensor = o;
   } else {
     return 0;
@@ -127,12 +127,14 @@ static int last_dim_is(PyObject* t, int64_t n) {
 #define MAX_ARGS 12
 static PyObject* run(int op, PyObject* const* args, Py_ssize_t n, int64_t q_last_dim, int* ran) {
   *ran = 0;
+  /* Every argument of a kind the kernel takes, tensors plain (a subclass may intercept): on either way */
+  PosencArg a[MAX_ARGS];
+  if (n > MAX_ARGS) Py_RETURN_NONE;
+  for (Py_ssize_t i = 0; i < n; ++i)
+    if (!to_arg(args[i], &a[i])) Py_RETURN_NONE;
   if (fp.direct[op] != NULL) {
-    PosencArg a[MAX_ARGS];
     void* out[2] = {NULL, NULL};
-    int ok = n <= MAX_ARGS;
-    for (Py_ssize_t i = 0; ok && i < n; ++i) ok = to_arg(args[i], &a[i]);
-    int got = ok ? fp.direct[op](a, n, q_last_dim, out, &gil) : -1;
+    int got = fp.direct[op](a, n, q_last_dim, out, &gil);
     if (got < 0) Py_RETURN_NONE;
     *ran = 1;
     if (got == 0) Py_RETURN_NONE;

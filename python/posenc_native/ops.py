@@ -442,6 +442,16 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     ``[max_positions, R]`` (the old convention), where it selects their rows. The result has q's
     dtype; gradients flow to q and k (not to cos/sin).
     """
+    # as _rope's fast path, ahead of the checks below: it takes only plain tensors (cos and
+    # position_ids checked here, the others by the extension) and unsqueeze_dim 1 or 2, and
+    # declines whatever the op refuses, so every call it does not run meets the same checks
+    if (_FAST is not None and not _is_compiling() and type(cos) is _Tensor
+            and (position_ids is None or type(position_ids) is _Tensor)
+            and type(unsqueeze_dim) is int and (unsqueeze_dim == 1 or unsqueeze_dim == 2)):
+        done = _FAST.rope_cos_sin(q, k, cos, sin, position_ids if (position_ids is not None and cos.dim() == 2)
+                                  else None, "bhsd" if unsqueeze_dim == 1 else "bshd")
+        if done is not None:
+            return done
     for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         _check_tensor(name, t)
     _check_tensor("position_ids", position_ids, optional=True)
@@ -449,10 +459,6 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         raise ValueError(f"unsqueeze_dim must be 1 ([B,H,S,D]) or 2 ([B,S,H,D]), got {unsqueeze_dim!r}")
     layout = "bhsd" if unsqueeze_dim == 1 else "bshd"
     positions = position_ids if (position_ids is not None and cos.dim() == 2) else None
-    if _FAST is not None and not _is_compiling():  # as _rope's fast path
-        done = _FAST.rope_cos_sin(q, k, cos, sin, positions, layout)
-        if done is not None:
-            return done
     with _autograd_skipped(q, k):
         return torch.ops.posenc.rope_cos_sin(q, k, cos, sin, positions, layout, False)
 

@@ -84,6 +84,19 @@ static int nothing_intercepts(int in_place, PyObject* q, PyObject* k) {
   return 1;
 }
 
+/* f(first, args[0..n)), or f(args[0..n)) when first is NULL (vectorcall is not in the limited API
+ * before 3.12, so the arguments are packed into a tuple: only the redispatch and declined calls pay it). */
+static PyObject* call_packed(PyObject* f, PyObject* first, PyObject* const* args, Py_ssize_t n) {
+  const Py_ssize_t skip = first != NULL;
+  PyObject* packed = PyTuple_New(n + skip);
+  if (packed == NULL) return NULL;
+  if (first != NULL) PyTuple_SetItem(packed, 0, Py_NewRef(first));
+  for (Py_ssize_t i = 0; i < n; ++i) PyTuple_SetItem(packed, i + skip, Py_NewRef(args[i]));
+  PyObject* result = PyObject_Call(f, packed, NULL);
+  Py_DECREF(packed);
+  return result;
+}
+
 /* One argument as the direct entry takes it; 0 when it has no direct form. */
 static int to_arg(PyObject* o, PosencArg* a) {
   if (o == Py_None) {
@@ -149,12 +162,7 @@ static PyObject* run(int op, PyObject* const* args, Py_ssize_t n, int64_t q_last
     int same = last_dim_is(args[0], q_last_dim);
     if (same != 1) return same < 0 ? NULL : Py_NewRef(Py_None);
   }
-  PyObject* packed = PyTuple_New(n + 1);
-  if (packed == NULL) return NULL;
-  PyTuple_SetItem(packed, 0, Py_NewRef(fp.cpu_keys));
-  for (Py_ssize_t i = 0; i < n; ++i) PyTuple_SetItem(packed, i + 1, Py_NewRef(args[i]));
-  PyObject* result = PyObject_Call(fp.redispatch[op], packed, NULL);
-  Py_DECREF(packed);
+  PyObject* result = call_packed(fp.redispatch[op], fp.cpu_keys, args, n);
   if (result == NULL && PyErr_ExceptionMatches(PyExc_RuntimeError)) { /* the op's refusal, before any write */
     PyErr_Clear();
     Py_RETURN_NONE;
@@ -249,11 +257,7 @@ static PyObject* rope(PyObject* module, PyObject* const* a, Py_ssize_t nargs) {
   PyObject* result = rope_fast(a);
   if (result != Py_None) return result;
   Py_DECREF(result);
-  PyObject* packed = PyTuple_New(nargs); /* (vectorcall is not in the limited API before 3.12) */
-  for (Py_ssize_t i = 0; packed != NULL && i < nargs; ++i) PyTuple_SetItem(packed, i, Py_NewRef(a[i]));
-  result = packed ? PyObject_Call(fp.general, packed, NULL) : NULL;
-  Py_XDECREF(packed);
-  return result;
+  return call_packed(fp.general, NULL, a, nargs);
 }
 
 /* rope_cos_sin(q, k, cos, sin, positions, layout): ops.apply_rotary_pos_emb's call, after its

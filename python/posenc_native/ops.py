@@ -238,8 +238,9 @@ def _axis_layout_inv_freq(inv_freq: torch.Tensor, mrope_section, mrope_interleav
 
 
 # Decode fast path (issue 9; docs/architecture.md, section 2.1). At decode a call rotates a
-# few kilobytes, so the Python around the op and the dispatcher cost more than the kernel. _rope and
-# apply_rotary_pos_emb first offer the call to the _direct extension (csrc/python/direct.c), which
+# few kilobytes, so the Python around the op and the dispatcher cost more than the kernel. The rope
+# calls (through _rope_entry) and apply_rotary_pos_emb go to the _direct extension first
+# (csrc/python/direct.c), which
 # runs the CPU kernel straight away when nothing is to be recorded or intercepted (plain CPU tensors,
 # no gradient wanted, no mode, functorch transform or profiler active), bumping q and k's version
 # counters after an in-place write as the ADInplaceOrView kernel does. It answers None for every call
@@ -448,8 +449,7 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     if (_FAST is not None and not _is_compiling() and type(cos) is _Tensor
             and (position_ids is None or type(position_ids) is _Tensor)
             and type(unsqueeze_dim) is int and (unsqueeze_dim == 1 or unsqueeze_dim == 2)):
-        done = _FAST.rope_cos_sin(q, k, cos, sin, position_ids if (position_ids is not None and cos.dim() == 2)
-                                  else None, "bhsd" if unsqueeze_dim == 1 else "bshd")
+        done = _FAST.rope_cos_sin(q, k, cos, sin, *_cos_sin_positions_layout(cos, position_ids, unsqueeze_dim))
         if done is not None:
             return done
     for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
@@ -457,10 +457,15 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     _check_tensor("position_ids", position_ids, optional=True)
     if isinstance(unsqueeze_dim, bool) or unsqueeze_dim not in (1, 2):
         raise ValueError(f"unsqueeze_dim must be 1 ([B,H,S,D]) or 2 ([B,S,H,D]), got {unsqueeze_dim!r}")
-    layout = "bhsd" if unsqueeze_dim == 1 else "bshd"
-    positions = position_ids if (position_ids is not None and cos.dim() == 2) else None
+    positions, layout = _cos_sin_positions_layout(cos, position_ids, unsqueeze_dim)
     with _autograd_skipped(q, k):
         return torch.ops.posenc.rope_cos_sin(q, k, cos, sin, positions, layout, False)
+
+
+def _cos_sin_positions_layout(cos: torch.Tensor, position_ids: Optional[torch.Tensor], unsqueeze_dim: int):
+    """apply_rotary_pos_emb's (positions, layout) for the op: position_ids only index 2-D tables."""
+    return (position_ids if (position_ids is not None and cos.dim() == 2) else None,
+            "bhsd" if unsqueeze_dim == 1 else "bshd")
 
 
 def _check_rope_fake(name: str, args: tuple):

@@ -205,6 +205,41 @@ def test_inplace_rope_compiles_without_breaks():
     assert torch.equal(buffer[:, :, 2], qkv[:, :, 2])  # v untouched
 
 
+class ModuleAttention(nn.Module):
+    """RopeAttention with the rotation as a RotaryEmbedding submodule (whose __call__ is the decode
+    fast path's C method: torch.compile and torch.export trace nn.Module.__call__ in its place)."""
+
+    def __init__(self, config: posenc_native.RopeConfig) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(D_MODEL, 3 * D_MODEL)
+        self.rotary = posenc_native.RotaryEmbedding(config)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, HEADS, D_MODEL // HEADS).unbind(2)
+        q, k = self.rotary(q, k, positions=positions)
+        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+
+
+def test_rotary_module_compiles_and_exports_without_breaks():
+    torch.manual_seed(0)
+    config = posenc_native.RopeConfig(head_dim=D_MODEL // HEADS, scaling={"rope_type": "yarn", "factor": 4.0,
+                                                                         "original_max_position_embeddings": 64})
+    model = ModuleAttention(config).eval()
+    x, positions = torch.randn(2, 7, D_MODEL), torch.arange(3, 10).expand(2, 7)
+    with torch.no_grad():
+        expected = model(x, positions)
+        counter = CompileCounterWithBackend("inductor")
+        assert_matches(torch.compile(model, backend=counter, fullgraph=True)(x, positions), expected, "cpu")
+        assert counter.frame_count == 1
+        explanation = torch._dynamo.explain(model)(x, positions)
+        assert explanation.graph_break_count == 0 and "posenc.rope" in explanation.graphs[0].code
+        ep = torch.export.export(model, (x, positions))
+        assert _posenc_targets(ep) == {"posenc.rope.default"}
+        x2 = torch.randn(2, 7, D_MODEL)
+        assert_matches(ep.module()(x2, positions), model(x2, positions), "cpu")
+
+
 def assert_decode_loop_compiles_once(step) -> None:
     """Decode steps at cache lengths 5, 6, ...: after the second step (when torch.compile turns the
     int into a symbol) no further compiles may happen."""

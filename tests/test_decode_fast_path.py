@@ -141,6 +141,85 @@ def test_fast_path_steps_aside_for_modes_and_profiler(in_place):
     assert any(e.name == name.rsplit(".", 1)[0].replace(".", "::") for e in prof.events())
 
 
+def test_jit_trace_records_the_op_of_every_entry():
+    """torch.jit.trace records ops through the dispatcher, so the fast path steps aside while a
+    tracer is active: each entry's trace holds the posenc op and reruns on new inputs as eager does."""
+    config = _config()
+    _warm(config)
+    module = pn.RotaryEmbedding(config)
+    angles = lambda pos: torch.cat((pos[..., None] * config.inv_freq().double(),) * 2, -1)  # noqa: E731
+    entries = {
+        "posenc::rope": lambda q, k, pos: pn.apply_rope(q, k, pos, config=config),
+        "posenc::rope_": lambda q, k, pos: pn.apply_rope_(q.clone(), k.clone(), pos, config=config),
+        "module posenc::rope": lambda q, k, pos: module(q, k, pos),
+        "posenc::rope_cos_sin": lambda q, k, pos: pn.apply_rotary_pos_emb(
+            q.transpose(1, 2), k.transpose(1, 2), angles(pos).cos().float(), angles(pos).sin().float()),
+    }
+    for name, entry in entries.items():
+        traced = torch.jit.trace(entry, _decode_inputs(), check_trace=False)
+        assert name.split()[-1] in str(traced.graph), name
+        q, k, pos = _decode_inputs()
+        for got, want in zip(traced(q, k, pos), entry(q, k, pos)):
+            assert not torch.equal(got, q if got.shape[-2] == 4 else k)
+            torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def test_module_call_is_nn_modules_call():
+    """RotaryEmbedding.__call__ (the extension's module_call) skips nn.Module.__call__'s Python only
+    where that would call forward straight away: hooks of the module's or global ones still run,
+    a subclass's forward is called, keyword arguments work, bad calls raise forward's TypeError,
+    and module.compile() is honoured."""
+    config = _config()
+    _warm(config)
+    module = pn.RotaryEmbedding(config)
+    q, k, pos = _decode_inputs()
+    want_q, want_k = reference.apply_rope(q.double(), k.double(), pos, config, offset=3)
+    calls = _watch_fast_path()
+    for got in (module(q, k, pos, 3), module(q, k=k, positions=pos, offset=3), module(q, k, offset=3, positions=pos)):
+        torch.testing.assert_close(got[0].double(), want_q, atol=2e-6, rtol=0)
+        torch.testing.assert_close(got[1].double(), want_k, atol=2e-6, rtol=0)
+    assert calls() == {"rope": 3}  # the path under test
+    got_q, none = module(q, positions=pos, offset=3)
+    assert none is None  # (q alone: the general path)
+    torch.testing.assert_close(got_q.double(), want_q, atol=2e-6, rtol=0)
+
+    seen = []
+    registers = (lambda: module.register_forward_pre_hook(lambda m, args: seen.append(1)),
+                 lambda: module.register_forward_hook(lambda m, args, out: seen.append(1)),
+                 lambda: torch.nn.modules.module.register_module_forward_pre_hook(lambda m, args: seen.append(1)),
+                 lambda: torch.nn.modules.module.register_module_forward_hook(lambda m, args, out: seen.append(1)))
+    for register in registers:  # each on its own: every one must be noticed
+        handle = register()
+        got = module(q, k, pos, 3)
+        handle.remove()
+        assert seen == [1]
+        seen.clear()
+        torch.testing.assert_close(got[0].double(), want_q, atol=2e-6, rtol=0)
+    doubled = module.register_forward_hook(lambda m, args, out: (out[0] * 2, out[1]))  # a hook's result counts
+    torch.testing.assert_close(module(q, k, pos, 3)[0].double(), 2 * want_q, atol=4e-6, rtol=0)
+    doubled.remove()
+    module(q, k, pos)
+    assert seen == []
+
+    class Scaled(pn.RotaryEmbedding):
+        def forward(self, q, k=None, positions=None, offset=0, cu_seqlens=None):
+            out_q, out_k = super().forward(q, k, positions, offset, cu_seqlens)
+            return out_q * 3, out_k
+    torch.testing.assert_close(Scaled(config)(q, k, pos, 3)[0].double(), 3 * want_q, atol=6e-6, rtol=0)
+
+    for args, kwargs in (((), {}), ((q, k, pos), {"bogus": 1}), ((q, k, pos, 0, None, 1), {}), ((q,), {"q": q})):
+        errors = []
+        for call in (module, lambda *a, **kw: torch.nn.Module.__call__(module, *a, **kw)):
+            with pytest.raises(TypeError) as e:
+                call(*args, **kwargs)
+            errors.append(str(e.value))
+        assert errors[0] == errors[1]
+
+    module.compile(backend="eager")
+    torch.testing.assert_close(module(q, k, pos, 3)[0].double(), want_q, atol=2e-6, rtol=0)
+    assert module._compiled_call_impl is not None
+
+
 def test_module_fast_path_matches_reference_and_leaves_inputs(monkeypatch):
     config = _config()
     module = pn.RotaryEmbedding(config)
@@ -357,7 +436,8 @@ def test_fast_path_keeps_reference_counts():
     angles = pos[..., None] * inv
     cos, sin = torch.cat((angles, angles), -1).cos().float(), torch.cat((angles, angles), -1).sin().float()
     qt, kt = q.transpose(1, 2), k.transpose(1, 2)
-    objects = (q, k, pos, config, inv, cos, sin)
+    module = pn.RotaryEmbedding(config)
+    objects = (q, k, pos, config, inv, cos, sin, module)
     before = [sys.getrefcount(o) for o in objects]
     calls = _watch_fast_path()
     for _ in range(50):
@@ -366,11 +446,16 @@ def test_fast_path_keeps_reference_counts():
         pn.apply_rope_(q, k, pos, config=config)
         pn.apply_rope(q, k, pos, inv_freq=inv, attention_factor=0.5)
         pn.apply_rotary_pos_emb(qt, kt, cos, sin)
+        out = module(q, k=k, positions=pos)
+        assert all(sys.getrefcount(t) == 3 for t in out)
+        module(q, k, pos, 1, None)
+        with pytest.raises(TypeError):  # declined by module_call: nn.Module.__call__ raises
+            module(q, k, pos, bogus=1)
         with pytest.raises(RuntimeError):  # declined by the op, refused by the general path
             pn.apply_rope_(q, k, pos.float(), config=config)
         with pytest.raises(ValueError):  # declined by the fast path's own test
             pn.apply_rope_(q, k, pos, config=config, rotary_dim=32)
-    assert calls() == {"rope": 100, "rope_": 50, "rope_cos_sin": 50}
+    assert calls() == {"rope": 200, "rope_": 50, "rope_cos_sin": 50}
     del out
     assert [sys.getrefcount(o) for o in objects] == before
 

@@ -23,19 +23,31 @@ enum { ROPE, ROPE_, ROPE_COS_SIN, N_OPS };
 static const char* const op_names[N_OPS] = {"rope", "rope_", "rope_cos_sin"};
 
 /* What bind() hands over. */
+#define MAX_INTERCEPTING 8
 static struct {
   PyObject* tensor_type;             /* torch.Tensor: q and k of exactly this type */
   PyObject* config_type;             /* posenc_native.RopeConfig */
-  PyObject* intercepting[4];         /* no-argument callables, true while something intercepts calls */
+  PyObject* intercepting[MAX_INTERCEPTING]; /* no-argument callables, true while something intercepts calls */
+  int n_intercepting;
   PyObject* inference_mode;          /* torch.is_inference_mode_enabled */
   PyObject* increment_version;       /* torch._C._increment_version((q, k)) */
   PyObject* cpu_keys;                /* the CPU dispatch key set, for the redispatch */
   PyObject* redispatch[N_OPS];       /* each op's OpOverload._handle.redispatch_boxed */
   PyObject* general;                 /* ops._rope: the general path of a rope call */
+  PyObject* nn_module;               /* torch.nn.Module, whose __call__ takes the calls module_call declines */
+  PyObject* nn_module_globals;       /* torch.nn.modules.module's namespace: its global hook dicts */
+  PyObject* rotary_type;             /* posenc_native.RotaryEmbedding, once module_call() made its __call__ */
   PosencDirectKernel direct[N_OPS];  /* each op's direct kernel, or NULL (torch < 2.14) */
   Py_ssize_t taken[N_OPS];           /* kernel runs on the fast path, for the tests */
 } fp;
-static PyObject *s_requires_grad, *s_version, *s_is_cpu, *s_frequencies, *s_cpu_plain, *s_shape;
+static PyObject *s_requires_grad, *s_version, *s_is_cpu, *s_frequencies, *s_cpu_plain, *s_shape, *s_call;
+/* What nn.Module.__call__ consults before it calls forward (torch/nn/modules/module.py, _wrapped_call_impl
+ * and _call_impl): the module's own hooks, the global ones, a compiled call. */
+static const char* const hook_names[] = {"_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"};
+static const char* const global_hook_names[] = {"_global_forward_hooks", "_global_forward_pre_hooks",
+                                                "_global_backward_hooks", "_global_backward_pre_hooks"};
+enum { N_HOOK_NAMES = 4 };
+static PyObject *s_hooks[N_HOOK_NAMES], *s_global_hooks[N_HOOK_NAMES], *s_compiled_call, *s_config, *s_layout;
 
 static void* release_gil(void) { return PyEval_SaveThread(); }
 static void reacquire_gil(void* state) { PyEval_RestoreThread((PyThreadState*)state); }
@@ -69,7 +81,8 @@ static int is_inference(PyObject* t) {
 
 /* Whether a call on q and k (exact torch.Tensor) may skip the dispatcher: no gradient wanted, no
  * inference tensor written in place outside inference mode, no functorch transform, dispatch or
- * function mode, or profiler active. 1 yes, 0 no, -1 error. (The caller checked torch.compile.) */
+ * function mode, profiler or jit tracer active. 1 yes, 0 no, -1 error. (The caller checked
+ * torch.compile.) */
 static int nothing_intercepts(int in_place, PyObject* q, PyObject* k) {
   int r;
   if ((r = attr_true(q, s_requires_grad)) != 0 || (r = attr_true(k, s_requires_grad)) != 0) return r < 0 ? -1 : 0;
@@ -79,7 +92,7 @@ static int nothing_intercepts(int in_place, PyObject* q, PyObject* k) {
     if (inference < 0) return -1;
     if (inference && (r = call_true(fp.inference_mode)) != 1) return r < 0 ? -1 : 0;
   }
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < fp.n_intercepting; ++i)
     if ((r = call_true(fp.intercepting[i])) != 0) return r < 0 ? -1 : 0;
   return 1;
 }
@@ -260,6 +273,107 @@ static PyObject* rope(PyObject* module, PyObject* const* a, Py_ssize_t nargs) {
   return call_packed(fp.general, NULL, a, nargs);
 }
 
+/* f(first, args[0..nargs), **{kwnames[i]: args[nargs + i]}): a vectorcall's arguments passed on. */
+static PyObject* call_with_keywords(PyObject* f, PyObject* first, PyObject* const* args, Py_ssize_t nargs,
+                                    PyObject* kwnames) {
+  const Py_ssize_t skip = first != NULL;
+  PyObject* packed = PyTuple_New(nargs + skip);
+  PyObject* kwargs = kwnames != NULL && PyTuple_Size(kwnames) > 0 ? PyDict_New() : NULL;
+  if (packed == NULL || (kwnames != NULL && PyTuple_Size(kwnames) > 0 && kwargs == NULL)) goto fail;
+  if (first != NULL) PyTuple_SetItem(packed, 0, Py_NewRef(first));
+  for (Py_ssize_t i = 0; i < nargs; ++i) PyTuple_SetItem(packed, i + skip, Py_NewRef(args[i]));
+  for (Py_ssize_t i = 0; kwargs != NULL && i < PyTuple_Size(kwnames); ++i)
+    if (PyDict_SetItem(kwargs, PyTuple_GetItem(kwnames, i), args[nargs + i]) < 0) goto fail;
+  PyObject* result = PyObject_Call(f, packed, kwargs);
+  Py_DECREF(packed);
+  Py_XDECREF(kwargs);
+  return result;
+fail:
+  Py_XDECREF(packed);
+  Py_XDECREF(kwargs);
+  return NULL;
+}
+
+/* 1 if d[name] is an empty dict, 0 if it is not (or is missing), -1 on error. */
+static int empty_dict_at(PyObject* d, PyObject* name) {
+  PyObject* v = PyDict_GetItemWithError(d, name); /* borrowed */
+  if (v == NULL) return PyErr_Occurred() ? -1 : 0;
+  return PyDict_Check(v) && PyDict_Size(v) == 0;
+}
+
+/* 1 if nn.Module.__call__ would call self.forward(...) straight away (no hook of the module's or
+ * global, no compiled call) and self holds config and layout (*config, *layout borrowed from its
+ * __dict__, held by *dict); 0 if not; -1 on error. */
+static int plain_module_call(PyObject* self, PyObject** dict, PyObject** config, PyObject** layout) {
+  if ((*dict = PyObject_GenericGetDict(self, NULL)) == NULL) return -1;
+  int r;
+  for (int i = 0; i < N_HOOK_NAMES; ++i) {
+    if ((r = empty_dict_at(*dict, s_hooks[i])) != 1) return r;
+    if ((r = empty_dict_at(fp.nn_module_globals, s_global_hooks[i])) != 1) return r;
+  }
+  PyObject* compiled = PyDict_GetItemWithError(*dict, s_compiled_call);
+  if (compiled != NULL && compiled != Py_None) return 0;
+  *config = PyDict_GetItemWithError(*dict, s_config);
+  *layout = *config ? PyDict_GetItemWithError(*dict, s_layout) : NULL;
+  if (*layout == NULL) return PyErr_Occurred() ? -1 : 0;
+  return 1;
+}
+
+/* RotaryEmbedding.__call__(self, q, k=None, positions=None, offset=0, cu_seqlens=None): what
+ * nn.Module.__call__ does, without its two Python frames (a fifth of a decode call): a plain
+ * RotaryEmbedding with no hooks runs rope_fast on its forward's arguments; every other call, and
+ * every call rope_fast declines, goes to nn.Module.__call__ (looked up per call, so whoever patches it,
+ * as torch.fx does, still sees the call). */
+static const char* const forward_names[] = {"q", "k", "positions", "offset", "cu_seqlens"};
+enum { N_FORWARD = 5 };
+static PyObject* module_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  PyObject* forward_args[N_FORWARD] = {NULL, Py_None, Py_None, NULL, Py_None};
+  PyObject *dict = NULL, *config = NULL, *layout = NULL, *result = NULL, *zero = NULL;
+  int plain = Py_TYPE(self) == (PyTypeObject*)fp.rotary_type && nargs >= 1 && nargs <= N_FORWARD;
+  for (Py_ssize_t i = 0; plain && i < nargs; ++i) forward_args[i] = args[i];
+  const Py_ssize_t nkw = kwnames != NULL ? PyTuple_Size(kwnames) : 0;
+  for (Py_ssize_t i = 0; plain && i < nkw; ++i) {
+    int found = 0;
+    for (Py_ssize_t j = nargs; !found && j < N_FORWARD; ++j)
+      if (PyUnicode_CompareWithASCIIString(PyTuple_GetItem(kwnames, i), forward_names[j]) == 0)
+        found = 1, forward_args[j] = args[nargs + i]; /* (Python passes no name twice) */
+    plain = plain && found;
+  }
+  if (plain && forward_args[3] == NULL) forward_args[3] = zero = PyLong_FromLong(0);
+  if (plain && forward_args[3] == NULL) goto done; /* no memory */
+  if (plain) {
+    int r = plain_module_call(self, &dict, &config, &layout);
+    if (r < 0) goto done;
+    if (r == 1) {
+      PyObject* a[14] = {Py_False, forward_args[0], forward_args[1], forward_args[2], config, Py_None, Py_None,
+                         Py_None, layout, forward_args[3], forward_args[4], Py_None, Py_None, Py_False};
+      if ((result = rope_fast(a)) != Py_None) goto done;
+      Py_CLEAR(result);
+    }
+  }
+  PyObject* call = PyObject_GetAttr(fp.nn_module, s_call);
+  if (call != NULL) result = call_with_keywords(call, self, args, nargs, kwnames);
+  Py_XDECREF(call);
+done:
+  Py_XDECREF(dict);
+  Py_XDECREF(zero);
+  return result;
+}
+
+static PyMethodDef module_call_def = {"__call__", (PyCFunction)(void (*)(void))module_call,
+                                      METH_FASTCALL | METH_KEYWORDS, "nn.Module.__call__, without its Python frames"};
+
+/* module_call(cls) -> RotaryEmbedding.__call__ for cls (a method descriptor of cls, after bind()). */
+static PyObject* make_module_call(PyObject* module, PyObject* cls) {
+  if (!PyType_Check(cls) || fp.nn_module == NULL) {
+    PyErr_SetString(PyExc_TypeError, "posenc_native._direct.module_call takes RotaryEmbedding, after bind()");
+    return NULL;
+  }
+  Py_XDECREF(fp.rotary_type);
+  fp.rotary_type = Py_NewRef(cls);
+  return PyDescr_NewMethod((PyTypeObject*)cls, &module_call_def);
+}
+
 /* rope_cos_sin(q, k, cos, sin, positions, layout): ops.apply_rotary_pos_emb's call, after its
  * checks. Returns (q_out, k_out), or None for a call it does not take. */
 static PyObject* rope_cos_sin(PyObject* module, PyObject* const* a, Py_ssize_t nargs) {
@@ -290,7 +404,7 @@ static int take(PyObject* dict, const char* key, PyObject** slot) {
 }
 
 /* bind(library_path, objects: dict) -> bool: whether the kernels run through the direct entry
- * (else through the redispatch). objects: tensor, config, intercepting (4 callables),
+ * (else through the redispatch). objects: tensor, config, intercepting (a tuple of callables),
  * inference_mode, increment_version, cpu_keys, general (ops._rope), and each op's
  * redispatch under its name. */
 static PyObject* bind(PyObject* module, PyObject* args) {
@@ -301,16 +415,17 @@ static PyObject* bind(PyObject* module, PyObject* args) {
   if (!take(objects, "tensor", &fp.tensor_type) || !take(objects, "config", &fp.config_type) ||
       !take(objects, "inference_mode", &fp.inference_mode) || !take(objects, "increment_version", &fp.increment_version) ||
       !take(objects, "cpu_keys", &fp.cpu_keys) || !take(objects, "general", &fp.general) ||
+      !take(objects, "nn_module", &fp.nn_module) || !take(objects, "nn_module_globals", &fp.nn_module_globals) ||
       !take(objects, "intercepting", &intercepting))
     return NULL;
-  int ok = PyTuple_Check(intercepting) && PyTuple_Size(intercepting) == 4;
-  for (int i = 0; ok && i < 4; ++i) {
-    Py_XDECREF(fp.intercepting[i]);
-    fp.intercepting[i] = Py_NewRef(PyTuple_GetItem(intercepting, i));
-  }
+  Py_ssize_t n = PyTuple_Check(intercepting) ? PyTuple_Size(intercepting) : -1;
+  for (int i = 0; i < fp.n_intercepting; ++i) Py_CLEAR(fp.intercepting[i]);
+  fp.n_intercepting = 0;
+  for (; fp.n_intercepting < n && n <= MAX_INTERCEPTING; ++fp.n_intercepting)
+    fp.intercepting[fp.n_intercepting] = Py_NewRef(PyTuple_GetItem(intercepting, fp.n_intercepting));
   Py_DECREF(intercepting);
-  if (!ok) {
-    PyErr_SetString(PyExc_TypeError, "posenc_native._direct.bind: intercepting must be a tuple of 4 callables");
+  if (n < 0 || n > MAX_INTERCEPTING) {
+    PyErr_SetString(PyExc_TypeError, "posenc_native._direct.bind: intercepting must be a tuple of at most 8 callables");
     return NULL;
   }
   for (int op = 0; op < N_OPS; ++op)
@@ -343,14 +458,21 @@ static PyMethodDef methods[] = {
     {"rope", (PyCFunction)(void (*)(void))rope, METH_FASTCALL, "a rope call: the fast path, else ops._rope"},
     {"rope_cos_sin", (PyCFunction)(void (*)(void))rope_cos_sin, METH_FASTCALL, "apply_rotary_pos_emb's fast path"},
     {"taken", taken, METH_NOARGS, "kernel runs on the fast path, per op"},
+    {"module_call", make_module_call, METH_O, "module_call(RotaryEmbedding) -> its __call__"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_direct", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__direct(void) {
-  const char* names[] = {"requires_grad", "_version", "is_cpu", "_frequencies", "cpu_plain", "shape"};
-  PyObject** slots[] = {&s_requires_grad, &s_version, &s_is_cpu, &s_frequencies, &s_cpu_plain, &s_shape};
-  for (int i = 0; i < 6; ++i)
+  const char* names[] = {"requires_grad", "_version", "is_cpu", "_frequencies", "cpu_plain", "shape", "__call__",
+                         "_compiled_call_impl", "config", "layout"};
+  PyObject** slots[] = {&s_requires_grad, &s_version, &s_is_cpu, &s_frequencies, &s_cpu_plain, &s_shape, &s_call,
+                        &s_compiled_call, &s_config, &s_layout};
+  for (int i = 0; i < 10; ++i)
     if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
+  for (int i = 0; i < N_HOOK_NAMES; ++i)
+    if ((s_hooks[i] = PyUnicode_InternFromString(hook_names[i])) == NULL ||
+        (s_global_hooks[i] = PyUnicode_InternFromString(global_hook_names[i])) == NULL)
+      return NULL;
   return PyModule_Create(&module_def);
 }

@@ -88,6 +88,17 @@ class RotaryEmbedding(nn.Module):
                                  cu_seqlens, None, None, False)
 
 
+if ops._FAST is not None:
+    # nn.Module.__call__ without its two Python frames (csrc/python/direct.c, module_call): a plain
+    # RotaryEmbedding with no hooks runs forward's fast path; every other call goes to nn.Module.__call__.
+    RotaryEmbedding.__call__ = ops._FAST.module_call(RotaryEmbedding)
+
+    @torch.compiler.substitute_in_graph(RotaryEmbedding.__call__, skip_signature_check=True)
+    def _traced_call(self, *args, **kwargs):
+        """What torch.compile traces in place of the C __call__ above: nn.Module.__call__ itself."""
+        return nn.Module.__call__(self, *args, **kwargs)
+
+
 def _fused_cos_sin_ok(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     """Whether ``x * cos + rotate_half(x) * sin`` can run as the fused op: x ``[B,H,S,D]`` (or
     ``[B,S,D]``) with cos/sin ``[S,D]`` or ``[B or 1,S,D]`` on the same device, and no gradient

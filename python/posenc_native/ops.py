@@ -254,8 +254,10 @@ try:
     _FAST_PATH_OBJECTS = {
         "tensor": torch.Tensor, "config": RopeConfig,
         "intercepting": (torch._C._are_functorch_transforms_active, torch._C._len_torch_dispatch_stack,
-                         torch._C._is_torch_function_mode_enabled, torch._C._autograd._profiler_enabled),
+                         torch._C._is_torch_function_mode_enabled, torch._C._autograd._profiler_enabled,
+                         torch._C._get_tracing_state),  # None, or the jit tracer's state (it records ops)
         "inference_mode": torch.is_inference_mode_enabled, "increment_version": torch._C._increment_version,
+        "nn_module": torch.nn.Module, "nn_module_globals": vars(torch.nn.modules.module),
         "cpu_keys": torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), "general": lambda *args: _rope(*args),  # (defined below)
         **{name: getattr(torch.ops.posenc, name).default._handle.redispatch_boxed
            for name in ("rope", "rope_", "rope_cos_sin")},

@@ -416,6 +416,84 @@ def test_fast_path_leaves_tensor_subclasses_to_the_general_path():
         torch.testing.assert_close(got.as_subclass(torch.Tensor), want_k, atol=0, rtol=0)
 
 
+def _negative_view(values: torch.Tensor, public: bool = False) -> torch.Tensor:
+    """A tensor equal to ``values`` whose storage holds their negation (the negative bit set): what
+    ``x.conj().imag`` gives (``public``: that route, whose last stride is 2), else contiguous."""
+    if public:
+        complex_dtype = torch.complex128 if values.dtype == torch.float64 else torch.complex64
+        view = torch.complex(torch.zeros_like(values), -values).to(complex_dtype).conj().imag
+    else:
+        view = torch._neg_view(-values)
+    assert view.is_neg() and torch.equal(view, values)
+    return view
+
+
+def test_fast_path_reads_negative_views_as_their_values(monkeypatch):
+    """A negative view's storage holds the negated values. Out of place, and for frequencies or
+    cos/sin tables, the fast path leaves such tensors to the dispatcher (which resolves them); q and
+    k rotated in place stay on it, because rotation is linear: the storage rotated gives the view
+    rotated. Every result is the reference's."""
+    config = _config()
+    _warm(config)
+    q, k, pos = _decode_inputs()
+    want_q, want_k = reference.apply_rope(q.double(), k.double(), pos, config)
+    calls = _watch_fast_path()
+    for public in (False, True):
+        got_q, got_k = pn.apply_rope(_negative_view(q, public), _negative_view(k, public), pos, config=config)
+        assert calls() == {}
+        torch.testing.assert_close(got_q.double(), want_q, atol=2e-6, rtol=0)
+    torch.testing.assert_close(got_q.double(), want_q, atol=2e-6, rtol=0)
+    torch.testing.assert_close(got_k.double(), want_k, atol=2e-6, rtol=0)
+    nq, nk = _negative_view(q), _negative_view(k)
+    pn.apply_rope_(nq, nk, pos, config=config)
+    assert calls() == {"rope_": 1} and nq.is_neg()
+    torch.testing.assert_close(nq.double(), want_q, atol=2e-6, rtol=0)
+    torch.testing.assert_close(nk.double(), want_k, atol=2e-6, rtol=0)
+
+    inv = config.inv_freq().double()
+    want_q, want_k = pn.apply_rope(q, k, pos, inv_freq=inv)
+    calls = _watch_fast_path()
+    for in_place in (False, True):
+        got = (pn.apply_rope_ if in_place else pn.apply_rope)(q.clone(), k.clone(), pos, inv_freq=_negative_view(inv))
+        torch.testing.assert_close(got[0], want_q, atol=0, rtol=0)
+        torch.testing.assert_close(got[1], want_k, atol=0, rtol=0)
+    assert calls() == {}
+
+    qt, kt = q.transpose(1, 2), k.transpose(1, 2)
+    angles = torch.cat((pos[..., None] * inv,) * 2, -1)
+    cos, sin = angles.cos().float(), angles.sin().float()
+    want_q, want_k = pn.apply_rotary_pos_emb(qt, kt, cos, sin)
+    calls = _watch_fast_path()
+    got_q, got_k = pn.apply_rotary_pos_emb(_negative_view(qt), kt, cos, _negative_view(sin))
+    assert calls() == {}
+    torch.testing.assert_close(got_q, want_q, atol=0, rtol=0)
+    torch.testing.assert_close(got_k, want_k, atol=0, rtol=0)
+
+
+def test_fast_path_leaves_zero_tensors_to_the_dispatcher(monkeypatch):
+    """A ZeroTensor (torch._efficientzerotensor) has no data: the fast path declines it and both
+    paths raise the same error (it crashed the fast path once)."""
+    config = _config()
+    _warm(config)
+    q, k, pos = _decode_inputs()
+    zero = torch._efficientzerotensor(q.shape)
+    for call in (lambda: pn.apply_rope(zero, k, pos, config=config),
+                 lambda: pn.apply_rope_(zero, k.clone(), pos, config=config)):
+        errors = []
+        for fast in (ops._FAST, None):
+            monkeypatch.setattr(ops, "_FAST", fast)
+            with pytest.raises(RuntimeError) as e:
+                call()
+            errors.append(str(e.value))
+        monkeypatch.undo()
+        assert errors[0] == errors[1]
+    # zero frequencies are a valid input: no rotation at all, on the general path
+    calls = _watch_fast_path()
+    got_q, got_k = pn.apply_rope(q, k, pos, inv_freq=torch._efficientzerotensor((32,), dtype=torch.float64))
+    assert calls() == {}
+    assert torch.equal(got_q, q) and torch.equal(got_k, k)
+
+
 def test_fast_path_reaches_the_kernel_as_this_torch_allows():
     """The _direct extension is built and bound: through the op library's direct entry where torch
     has the Python interop shims (2.14 on), else through the op's redispatch."""

@@ -40,7 +40,7 @@ static struct {
   PosencDirectKernel direct[N_OPS];  /* each op's direct kernel, or NULL (torch < 2.14) */
   Py_ssize_t taken[N_OPS];           /* kernel runs on the fast path, for the tests */
 } fp;
-static PyObject *s_requires_grad, *s_version, *s_is_cpu, *s_frequencies, *s_cpu_plain, *s_shape, *s_call;
+static PyObject *s_requires_grad, *s_version, *s_is_cpu, *s_frequencies, *s_cpu_plain, *s_shape, *s_call, *s_is_neg;
 /* What nn.Module.__call__ consults before it calls forward (torch/nn/modules/module.py, _wrapped_call_impl
  * and _call_impl): the module's own hooks, the global ones, a compiled call. */
 static const char* const hook_names[] = {"_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"};
@@ -110,6 +110,15 @@ static PyObject* call_packed(PyObject* f, PyObject* first, PyObject* const* args
   return result;
 }
 
+/* 1 if tensor t is a negative view (its values are its storage's negated: x.conj().imag), whose
+ * storage the kernel would read as stored (the dispatcher's fallback resolves it); 0 if not; -1 on error. */
+static int is_negative_view(PyObject* t) {
+  PyObject* negative = PyObject_CallMethodObjArgs(t, s_is_neg, NULL);
+  const int r = negative == NULL ? -1 : PyObject_IsTrue(negative);
+  Py_XDECREF(negative);
+  return r;
+}
+
 /* One argument as the direct entry takes it; 0 when it has no direct form. */
 static int to_arg(PyObject* o, PosencArg* a) {
   if (o == Py_None) {
@@ -149,15 +158,22 @@ static int last_dim_is(PyObject* t, int64_t n) {
 
 /* Runs op's CPU kernel on its schema arguments args[0..n) (q first). Returns its result (None for
  * an in-place op), or None with nothing written when the op refuses the arguments; NULL on an
- * error that is not the op's refusal. *ran says whether the kernel ran. */
+ * error that is not the op's refusal. *ran says whether the kernel ran. Bit i of floating says
+ * args[i] is a floating-point tensor that may be a negative view (positions are integers, and the
+ * config's cached frequencies are the package's own): those are checked. */
 #define MAX_ARGS 12
-static PyObject* run(int op, PyObject* const* args, Py_ssize_t n, int64_t q_last_dim, int* ran) {
+static PyObject* run(int op, PyObject* const* args, Py_ssize_t n, unsigned floating, int64_t q_last_dim, int* ran) {
   *ran = 0;
   /* Every argument of a kind the kernel takes, tensors plain (a subclass may intercept): on either way */
   PosencArg a[MAX_ARGS];
   if (n > MAX_ARGS) Py_RETURN_NONE;
-  for (Py_ssize_t i = 0; i < n; ++i)
+  for (Py_ssize_t i = 0; i < n; ++i) {
     if (!to_arg(args[i], &a[i])) Py_RETURN_NONE;
+    if (floating & (1u << i) && a[i].tag == POSENC_ARG_TENSOR) {
+      const int negative = is_negative_view(args[i]);
+      if (negative != 0) return negative < 0 ? NULL : Py_NewRef(Py_None);
+    }
+  }
   if (fp.direct[op] != NULL) {
     void* out[2] = {NULL, NULL};
     int got = fp.direct[op](a, n, q_last_dim, out, &gil);
@@ -243,7 +259,11 @@ static PyObject* rope_fast(PyObject* const* a) {
     PyObject* args[10] = {q, k, positions, Py_None, freq, attention, pairing, layout, offset, Py_False};
     const int op = in_place ? ROPE_ : ROPE;
     int ran;
-    result = run(op, args, 10, head_dim, &ran);
+    /* Negative views: inv_freq= (angles would change sign), and q and k of an out-of-place call (the
+     * output would be the negated result). In place the stored values rotate as they are: the
+     * rotation is linear, so the view reads R(-x) = -R(x), the correct result. */
+    const unsigned floating = (in_place ? 0u : 0x3u) | (config == Py_None ? 0x10u : 0u);
+    result = run(op, args, 10, floating, head_dim, &ran);
     Py_XDECREF(one);
     if (ran) {
       fp.taken[op] += 1;
@@ -387,7 +407,7 @@ static PyObject* rope_cos_sin(PyObject* module, PyObject* const* a, Py_ssize_t n
   if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_None);
   PyObject* args[7] = {a[0], a[1], a[2], a[3], a[4], a[5], Py_False}; /* ..., layout, inverse */
   int ran;
-  PyObject* result = run(ROPE_COS_SIN, args, 7, 0, &ran);
+  PyObject* result = run(ROPE_COS_SIN, args, 7, 0xFu /* q, k, cos, sin */, 0, &ran);
   fp.taken[ROPE_COS_SIN] += ran;
   return result;
 }
@@ -465,10 +485,10 @@ static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_direct", NULL, 
 
 PyMODINIT_FUNC PyInit__direct(void) {
   const char* names[] = {"requires_grad", "_version", "is_cpu", "_frequencies", "cpu_plain", "shape", "__call__",
-                         "_compiled_call_impl", "config", "layout"};
+                         "_compiled_call_impl", "config", "layout", "is_neg"};
   PyObject** slots[] = {&s_requires_grad, &s_version, &s_is_cpu, &s_frequencies, &s_cpu_plain, &s_shape, &s_call,
-                        &s_compiled_call, &s_config, &s_layout};
-  for (int i = 0; i < 10; ++i)
+                        &s_compiled_call, &s_config, &s_layout, &s_is_neg};
+  for (int i = 0; i < 11; ++i)
     if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
   for (int i = 0; i < N_HOOK_NAMES; ++i)
     if ((s_hooks[i] = PyUnicode_InternFromString(hook_names[i])) == NULL ||

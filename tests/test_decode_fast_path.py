@@ -494,6 +494,34 @@ def test_fast_path_leaves_zero_tensors_to_the_dispatcher(monkeypatch):
     assert torch.equal(got_q, q) and torch.equal(got_k, k)
 
 
+@pytest.mark.parametrize("first_use", ["export", "fake", "vmap", "jvp"])
+def test_a_config_first_used_under_a_transform_caches_plain_frequencies(first_use):
+    """The config's frequency cache is filled only outside modes and transforms: a config first
+    used under torch.export (a FakeTensor) or a functorch transform (a wrapper) once cached that
+    tensor, and every later eager call of the config read it (garbage results after export)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    config = _config()
+    q, k, pos = _decode_inputs()
+    if first_use == "export":
+        torch.export.export(pn.RotaryEmbedding(config), (q, k, pos))
+    elif first_use == "fake":
+        with FakeTensorMode() as mode:
+            pn.apply_rope(mode.from_tensor(q), mode.from_tensor(k), mode.from_tensor(pos), config=config)
+    elif first_use == "vmap":
+        torch.func.vmap(lambda x: pn.apply_rope(x, k, pos, config=config)[0])(q[None])
+    else:
+        torch.func.jvp(lambda x: pn.apply_rope(x, k, pos, config=config)[0], (q,), (q,))
+    calls = _watch_fast_path()
+    for _ in range(2):  # the first eager call fills the cache, the second reads it on the fast path
+        got_q, got_k = pn.apply_rope(q, k, pos, config=config)
+        want_q, want_k = reference.apply_rope(q.double(), k.double(), pos, config)
+        torch.testing.assert_close(got_q.double(), want_q, atol=2e-6, rtol=0)
+        torch.testing.assert_close(got_k.double(), want_k, atol=2e-6, rtol=0)
+    assert calls() == {"rope": 1}
+    assert type(config._frequencies.cpu_plain[0]) is torch.Tensor
+
+
 def test_fast_path_reaches_the_kernel_as_this_torch_allows():
     """The _direct extension is built and bound: through the op library's direct entry where torch
     has the Python interop shims (2.14 on), else through the op's redispatch."""

@@ -32,8 +32,6 @@ T get(const PosencArg& a) {
     if (a.tag != POSENC_ARG_TENSOR || torch_tensor_from_pyobject(a.v.tensor, &h) != AOTI_TORCH_SUCCESS) throw Declined{};
     Tensor t(h);
     if (!t.device().is_cpu()) throw Declined{};  // the CPU backend's kernel; anything else goes to the dispatcher
-    // A ZeroTensor (torch._efficientzerotensor) has no data: the dispatcher's fallback handles it
-    if (t.data_ptr() == nullptr && t.numel() > 0) throw Declined{};
     return t;
   } else if constexpr (std::is_same_v<T, OptTensor>) {
     return a.tag == POSENC_ARG_NONE ? OptTensor() : OptTensor(get<Tensor>(a));

@@ -97,9 +97,18 @@ IndexKind index_kind(const Tensor& t) {
   }
 }
 
-void check_same_device(const char* op, const Tensor& ref, const char* ref_name, const Tensor& t, const char* name) {
+// A tensor without data (a ZeroTensor, torch._efficientzerotensor) reaches a kernel only past the
+// dispatcher's fallback (the Python fast path, a redispatch): refused before any read or write.
+void check_has_data(const char* op, const Tensor& t, const char* name) {
+  POSENC_CHECK(t.data_ptr() != nullptr || t.numel() == 0, op, ": ", name,
+               " has no data (a ZeroTensor?); materialize it (e.g. .clone()) first");
+}
+
+// t on ref's device, with data (ref checked by the caller).
+void check_operand(const char* op, const Tensor& ref, const char* ref_name, const Tensor& t, const char* name) {
   POSENC_CHECK(same_device(t, ref), op, ": ", name, " must be on the same device as ", ref_name, " (", device_of(ref),
                "), got ", device_of(t));
+  check_has_data(op, t, name);
 }
 
 // Positions for the sinusoidal ops: integer or floating point; other dtypes are read as float64.
@@ -184,7 +193,8 @@ Tensor add_sinusoidal_op(const AddSinusoidalArgs& a, const Backend& backend) {
   POSENC_CHECK(x.dim() == 2 || x.dim() == 3, op, ": x must be [batch, seq, dim] or [seq, dim], got shape ", sizes_of(x));
   POSENC_CHECK(is_float_dtype(x.scalar_type()), op, ": x must be float32, float16, bfloat16 or float64, got ",
                x.scalar_type());
-  check_same_device(op, x, "x", positions_in, "positions");
+  check_has_data(op, x, "x");
+  check_operand(op, x, "x", positions_in, "positions");
   const int64_t batch = x.dim() == 3 ? x.size(0) : 1;
   const int64_t seq = x.size(-2);
   const int64_t dim = x.size(-1);
@@ -283,7 +293,8 @@ RopeInputs check_qk(const char* op, const Tensor& q, const Tensor& k, std::strin
   const ScalarType dt = q.scalar_type();
   POSENC_CHECK(is_float_dtype(dt), op, ": q must be float32, float16, bfloat16 or float64, got ", dt);
   POSENC_CHECK(k.scalar_type() == dt, op, ": k must have q's dtype (", dt, "), got ", k.scalar_type());
-  check_same_device(op, q, "q", k, "k");
+  check_has_data(op, q, "q");
+  check_operand(op, q, "q", k, "k");
   RopeInputs in{as_bshd(op, q, "q", layout), as_bshd(op, k, "k", layout)};
   POSENC_CHECK(in.k.batch == in.q.batch && in.k.seq == in.q.seq && in.k.head_dim == in.q.head_dim, op,
                ": k must match q in batch, seq and head_dim (it may differ in heads); q ", sizes_of(q), ", k ",
@@ -314,7 +325,7 @@ void check_positions(const char* op, RopeProblem& p, PositionInfo& info, const T
   };
   if (positions.has_value()) {
     const Tensor& pos = *positions;
-    check_same_device(op, q, "q", pos, "positions");
+    check_operand(op, q, "q", pos, "positions");
     const ScalarType dt = pos.scalar_type();
     POSENC_CHECK(dt == ScalarType::Int || dt == ScalarType::Long, op, ": positions must be int32 or int64, got ", dt);
     const bool thd = layout == "thd";
@@ -359,7 +370,7 @@ void check_positions(const char* op, RopeProblem& p, PositionInfo& info, const T
   if (cu_seqlens.has_value()) {
     const Tensor& cu = *cu_seqlens;
     POSENC_CHECK(layout == "thd", op, ": cu_seqlens is only for layout 'thd', got layout '", layout, "'");
-    check_same_device(op, q, "q", cu, "cu_seqlens");
+    check_operand(op, q, "q", cu, "cu_seqlens");
     const ScalarType dt = cu.scalar_type();
     POSENC_CHECK(dt == ScalarType::Int || dt == ScalarType::Long, op, ": cu_seqlens must be int32 or int64, got ", dt);
     POSENC_CHECK(cu.dim() == 1 && cu.size(0) >= 2, op, ": cu_seqlens must be 1-D with at least 2 entries, got shape ",
@@ -458,7 +469,7 @@ void check_inputs_apart(const char* op, const Tensor& q, const Tensor& k,
 
 Tensor check_inv_freq(const char* op, const Tensor& q, const Tensor& inv_freq, int64_t head_dim,
                       double attention_factor) {
-  check_same_device(op, q, "q", inv_freq, "inv_freq");
+  check_operand(op, q, "q", inv_freq, "inv_freq");
   POSENC_CHECK((inv_freq.dim() == 1 || inv_freq.dim() == 2) && inv_freq.numel() >= 1, op,
                ": inv_freq must be [rotary_dim / 2] or, for an axis layout, [axes, rotary_dim / 2], with at least one ",
                "entry, got shape ", sizes_of(inv_freq));
@@ -539,8 +550,8 @@ namespace {
 std::pair<OptTensor, OptTensor> cos_sin_problem(const char* op, RopeProblem& p, const RopeCosSinArgs& a,
                                                 const RopeInputs& in, PositionInfo& info, const Backend& backend) {
   const Tensor& q = a.q;
-  check_same_device(op, q, "q", a.cos, "cos");
-  check_same_device(op, q, "q", a.sin, "sin");
+  check_operand(op, q, "q", a.cos, "cos");
+  check_operand(op, q, "q", a.sin, "sin");
   POSENC_CHECK(a.cos.dim() >= 2 && a.cos.dim() <= 3, op, ": cos must be [seq, rotary_dim] or [batch, seq, rotary_dim]",
                ", got shape ", sizes_of(a.cos));
   POSENC_CHECK(a.cos.sizes().equals(a.sin.sizes()), op, ": cos and sin must have the same shape, got ",

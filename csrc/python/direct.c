@@ -36,11 +36,12 @@ static struct {
   PyObject* general;                 /* ops._rope: the general path of a rope call */
   PyObject* nn_module;               /* torch.nn.Module, whose __call__ takes the calls module_call declines */
   PyObject* nn_module_globals;       /* torch.nn.modules.module's namespace: its global hook dicts */
+  PyObject* forward_ad_globals;      /* torch.autograd.forward_ad's namespace: _current_level */
   PyObject* rotary_type;             /* posenc_native.RotaryEmbedding, once module_call() made its __call__ */
   PosencDirectKernel direct[N_OPS];  /* each op's direct kernel, or NULL (torch < 2.14) */
   Py_ssize_t taken[N_OPS];           /* kernel runs on the fast path, for the tests */
 } fp;
-static PyObject *s_requires_grad, *s_version, *s_is_cpu, *s_frequencies, *s_cpu_plain, *s_shape, *s_call, *s_is_neg;
+static PyObject *s_requires_grad, *s_version, *s_is_cpu, *s_frequencies, *s_cpu_plain, *s_shape, *s_call, *s_is_neg, *s_current_level;
 /* What nn.Module.__call__ consults before it calls forward (torch/nn/modules/module.py, _wrapped_call_impl
  * and _call_impl): the module's own hooks, the global ones, a compiled call. */
 static const char* const hook_names[] = {"_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"};
@@ -81,7 +82,7 @@ static int is_inference(PyObject* t) {
 
 /* Whether a call on q and k (exact torch.Tensor) may skip the dispatcher: no gradient wanted, no
  * inference tensor written in place outside inference mode, no functorch transform, dispatch or
- * function mode, profiler or jit tracer active. 1 yes, 0 no, -1 error. (The caller checked
+ * function mode, profiler, jit tracer or forward-mode AD level active. 1 yes, 0 no, -1 error. (The caller checked
  * torch.compile.) */
 static int nothing_intercepts(int in_place, PyObject* q, PyObject* k) {
   int r;
@@ -94,7 +95,12 @@ static int nothing_intercepts(int in_place, PyObject* q, PyObject* k) {
   }
   for (int i = 0; i < fp.n_intercepting; ++i)
     if ((r = call_true(fp.intercepting[i])) != 0) return r < 0 ? -1 : 0;
-  return 1;
+  /* a forward-mode AD level: q or k may carry a tangent, which the general path carries through */
+  PyObject* level = PyDict_GetItemWithError(fp.forward_ad_globals, s_current_level); /* borrowed */
+  if (level == NULL) return PyErr_Occurred() ? -1 : 0;
+  const long active = PyLong_AsLong(level);
+  if (active == -1 && PyErr_Occurred()) return -1;
+  return active < 0;
 }
 
 /* f(first, args[0..n)), or f(args[0..n)) when first is NULL (vectorcall is not in the limited API
@@ -425,7 +431,8 @@ static int take(PyObject* dict, const char* key, PyObject** slot) {
 
 /* bind(library_path, objects: dict) -> bool: whether the kernels run through the direct entry
  * (else through the redispatch). objects: tensor, config, intercepting (a tuple of callables),
- * inference_mode, increment_version, cpu_keys, general (ops._rope), and each op's
+ * inference_mode, increment_version, cpu_keys, general (ops._rope), nn_module, nn_module_globals,
+ * forward_ad_globals, and each op's
  * redispatch under its name. */
 static PyObject* bind(PyObject* module, PyObject* args) {
   const char* path;
@@ -436,6 +443,7 @@ static PyObject* bind(PyObject* module, PyObject* args) {
       !take(objects, "inference_mode", &fp.inference_mode) || !take(objects, "increment_version", &fp.increment_version) ||
       !take(objects, "cpu_keys", &fp.cpu_keys) || !take(objects, "general", &fp.general) ||
       !take(objects, "nn_module", &fp.nn_module) || !take(objects, "nn_module_globals", &fp.nn_module_globals) ||
+      !take(objects, "forward_ad_globals", &fp.forward_ad_globals) ||
       !take(objects, "intercepting", &intercepting))
     return NULL;
   Py_ssize_t n = PyTuple_Check(intercepting) ? PyTuple_Size(intercepting) : -1;
@@ -485,10 +493,10 @@ static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_direct", NULL, 
 
 PyMODINIT_FUNC PyInit__direct(void) {
   const char* names[] = {"requires_grad", "_version", "is_cpu", "_frequencies", "cpu_plain", "shape", "__call__",
-                         "_compiled_call_impl", "config", "layout", "is_neg"};
+                         "_compiled_call_impl", "config", "layout", "is_neg", "_current_level"};
   PyObject** slots[] = {&s_requires_grad, &s_version, &s_is_cpu, &s_frequencies, &s_cpu_plain, &s_shape, &s_call,
-                        &s_compiled_call, &s_config, &s_layout, &s_is_neg};
-  for (int i = 0; i < 11; ++i)
+                        &s_compiled_call, &s_config, &s_layout, &s_is_neg, &s_current_level};
+  for (int i = 0; i < 12; ++i)
     if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
   for (int i = 0; i < N_HOOK_NAMES; ++i)
     if ((s_hooks[i] = PyUnicode_InternFromString(hook_names[i])) == NULL ||

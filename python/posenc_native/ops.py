@@ -12,6 +12,8 @@ from typing import Optional, Sequence, Union
 import torch
 
 from . import _library
+from ._forward_ad import make_dual as _make_dual, refuse_tangents as _refuse_tangents
+from ._forward_ad import tangent_or_zeros as _tangent_or_zeros, tangents as _tangents
 from ._library import load_library
 from ._op_args import arg_index as _arg_index, bind, call, input_grads, save_args, saved_args, tensor_fields
 from ._rope_math import HEAD_AXIS, LAYOUTS, SEQ_AXIS, axis_inv_freq, mrope_pair_axes, seq_len_from_positions
@@ -119,6 +121,7 @@ def sinusoidal_table(positions: Positions, dim: int, *, base: float = 10000.0, i
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__} {dtype!r}")
     pos = _positions_tensor(positions, device)
+    _refuse_tangents("sinusoidal_table", positions=pos)
     return torch.ops.posenc.sinusoidal_table(pos, dim, _check_float("base", base), _check_bool("interleaved", interleaved),
                                              _check_float("freq_shift", freq_shift),
                                              _check_float("angle_scale", angle_scale),
@@ -144,6 +147,11 @@ def add_sinusoidal(x: torch.Tensor, positions: Optional[torch.Tensor] = None, *,
     """
     x = _check_tensor("x", x)  # its shape is checked by the op (a 1-D x has no seq dim to default from)
     positions = _check_tensor("positions", positions, optional=True)
+    if (dual := _tangents(x)) is not None:  # d/dx (x * x_scale + PE) = x_scale
+        _refuse_tangents("add_sinusoidal", positions=positions)
+        out = add_sinusoidal(dual[0][0], positions, offset=offset, x_scale=x_scale, base=base, interleaved=interleaved,
+                             freq_shift=freq_shift, angle_scale=angle_scale, cos_first=cos_first)
+        return _make_dual(out, (dual[1][0] * _check_float("x_scale", x_scale)).to(out.dtype))
     offset = _check_int("offset", offset)
     if not -MAX_POSITION <= offset <= MAX_POSITION:
         raise ValueError(f"offset must lie in [-2**48, 2**48] (the position domain), got {offset}")
@@ -258,6 +266,7 @@ try:
                          torch._C._get_tracing_state),  # None, or the jit tracer's state (it records ops)
         "inference_mode": torch.is_inference_mode_enabled, "increment_version": torch._C._increment_version,
         "nn_module": torch.nn.Module, "nn_module_globals": vars(torch.nn.modules.module),
+        "forward_ad_globals": vars(torch.autograd.forward_ad),  # _current_level >= 0: a dual level is active
         "cpu_keys": torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), "general": lambda *args: _rope(*args),  # (defined below)
         **{name: getattr(torch.ops.posenc, name).default._handle.redispatch_boxed
            for name in ("rope", "rope_", "rope_cos_sin")},
@@ -339,6 +348,16 @@ def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, i
         interleaved = False if interleaved is None else _check_bool("interleaved", interleaved)
 
     # -- 3. the general path
+    if (dual := _tangents(q, k)) is not None:  # linear in q and k: a tangent rotates as they do
+        if in_place:
+            raise NotImplementedError("apply_rope_: forward-mode AD is not supported in place (use apply_rope)")
+        (qp, kp), (tq, tk) = dual
+        rest = (positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens, rotary_dim,
+                mrope_section, mrope_interleaved)
+        out_q, out_k = _rope(False, qp, kp, *rest)
+        tan_q, tan_k = _rope(False, _tangent_or_zeros(tq, qp), None if k is None else _tangent_or_zeros(tk, kp), *rest)
+        return _make_dual(out_q, tan_q), (None if k is None else _make_dual(out_k, tan_k))
+    _refuse_tangents("apply_rope", positions=positions, inv_freq=inv_freq)
     k_arg = _empty_k(q, layout) if k is None else k
     if config is not None:
         # frequencies cached per (config, device, regime), attention factor computed once: no host
@@ -460,6 +479,14 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     if isinstance(unsqueeze_dim, bool) or unsqueeze_dim not in (1, 2):
         raise ValueError(f"unsqueeze_dim must be 1 ([B,H,S,D]) or 2 ([B,S,H,D]), got {unsqueeze_dim!r}")
     positions, layout = _cos_sin_positions_layout(cos, position_ids, unsqueeze_dim)
+    if (dual := _tangents(q, k)) is not None:  # linear in q and k
+        _refuse_tangents("apply_rotary_pos_emb", cos=cos, sin=sin)
+        (qp, kp), (tq, tk) = dual
+        out_q, out_k = apply_rotary_pos_emb(qp, kp, cos, sin, position_ids, unsqueeze_dim)
+        tan_q, tan_k = apply_rotary_pos_emb(_tangent_or_zeros(tq, qp), _tangent_or_zeros(tk, kp), cos, sin,
+                                            position_ids, unsqueeze_dim)
+        return _make_dual(out_q, tan_q), _make_dual(out_k, tan_k)
+    _refuse_tangents("apply_rotary_pos_emb", cos=cos, sin=sin)
     with _autograd_skipped(q, k):
         return torch.ops.posenc.rope_cos_sin(q, k, cos, sin, positions, layout, False)
 

@@ -104,10 +104,21 @@ void check_has_data(const char* op, const Tensor& t, const char* name) {
                " has no data (a ZeroTensor?); materialize it (e.g. .clone()) first");
 }
 
-// t on ref's device, with data (ref checked by the caller).
-void check_operand(const char* op, const Tensor& ref, const char* ref_name, const Tensor& t, const char* name) {
+// The data of t, refused when it has none (data_ptr where the plan takes it anyway: no second call).
+void* data_of(const char* op, const Tensor& t, const char* name) {
+  void* data = t.data_ptr();
+  if (data == nullptr) check_has_data(op, t, name);
+  return data;
+}
+
+void check_same_device(const char* op, const Tensor& ref, const char* ref_name, const Tensor& t, const char* name) {
   POSENC_CHECK(same_device(t, ref), op, ": ", name, " must be on the same device as ", ref_name, " (", device_of(ref),
                "), got ", device_of(t));
+}
+
+// t on ref's device, with data: index tensors, read on the host before the plan takes their data.
+void check_operand(const char* op, const Tensor& ref, const char* ref_name, const Tensor& t, const char* name) {
+  check_same_device(op, ref, ref_name, t, name);
   check_has_data(op, t, name);
 }
 
@@ -193,7 +204,6 @@ Tensor add_sinusoidal_op(const AddSinusoidalArgs& a, const Backend& backend) {
   POSENC_CHECK(x.dim() == 2 || x.dim() == 3, op, ": x must be [batch, seq, dim] or [seq, dim], got shape ", sizes_of(x));
   POSENC_CHECK(is_float_dtype(x.scalar_type()), op, ": x must be float32, float16, bfloat16 or float64, got ",
                x.scalar_type());
-  check_has_data(op, x, "x");
   check_operand(op, x, "x", positions_in, "positions");
   const int64_t batch = x.dim() == 3 ? x.size(0) : 1;
   const int64_t seq = x.size(-2);
@@ -219,7 +229,7 @@ Tensor add_sinusoidal_op(const AddSinusoidalArgs& a, const Backend& backend) {
   p.positions_kind = index_kind(positions);
   p.pos_stride_s = positions.stride(-1);
   p.pos_stride_b = (positions.dim() == 2 && positions.size(0) == batch) ? positions.stride(0) : 0;
-  p.x = x.data_ptr();
+  p.x = data_of(op, x, "x");
   p.x_stride_b = x.dim() == 3 ? x.stride(0) : 0;
   p.x_stride_s = x.stride(-2);
   p.x_stride_d = x.stride(-1);
@@ -271,9 +281,10 @@ BSHD as_bshd(const char* op, const Tensor& t, const char* name, std::string_view
 }
 
 void fill_operand(RopeOperand& o, const BSHD& src, const Tensor& src_t, const Tensor& dst_t, std::string_view layout,
-                  const char* op) {
-  o.src = src_t.data_ptr();
-  o.dst = dst_t.data_ptr();
+                  const char* op, const char* name) {
+  void* src_data = data_of(op, src_t, name);
+  o.src = src_data;
+  o.dst = &src_t == &dst_t ? src_data : dst_t.data_ptr();  // in place: one data_ptr call
   o.heads = src.heads;
   o.src_stride_b = src.stride_b;
   o.src_stride_s = src.stride_s;
@@ -293,8 +304,7 @@ RopeInputs check_qk(const char* op, const Tensor& q, const Tensor& k, std::strin
   const ScalarType dt = q.scalar_type();
   POSENC_CHECK(is_float_dtype(dt), op, ": q must be float32, float16, bfloat16 or float64, got ", dt);
   POSENC_CHECK(k.scalar_type() == dt, op, ": k must have q's dtype (", dt, "), got ", k.scalar_type());
-  check_has_data(op, q, "q");
-  check_operand(op, q, "q", k, "k");
+  check_same_device(op, q, "q", k, "k");
   RopeInputs in{as_bshd(op, q, "q", layout), as_bshd(op, k, "k", layout)};
   POSENC_CHECK(in.k.batch == in.q.batch && in.k.seq == in.q.seq && in.k.head_dim == in.q.head_dim, op,
                ": k must match q in batch, seq and head_dim (it may differ in heads); q ", sizes_of(q), ", k ",
@@ -413,7 +423,7 @@ void check_angle_domain(const char* op, const Tensor& inv64, const PositionInfo&
                                   : 0.0;
   // w: the largest sum over axes of |inv_freq[a][i]| (one axis: the largest |inv_freq[i]|).
   const auto largest_frequency = [&](const Tensor& dense) {
-    const double* v = static_cast<const double*>(dense.data_ptr());
+    const double* v = static_cast<const double*>(data_of(op, dense, "inv_freq"));
     const int64_t pairs = dense.size(-1), axes = dense.numel() / pairs;
     double largest = 0;
     for (int64_t i = 0; i < pairs; ++i) {
@@ -469,7 +479,7 @@ void check_inputs_apart(const char* op, const Tensor& q, const Tensor& k,
 
 Tensor check_inv_freq(const char* op, const Tensor& q, const Tensor& inv_freq, int64_t head_dim,
                       double attention_factor) {
-  check_operand(op, q, "q", inv_freq, "inv_freq");
+  check_same_device(op, q, "q", inv_freq, "inv_freq");
   POSENC_CHECK((inv_freq.dim() == 1 || inv_freq.dim() == 2) && inv_freq.numel() >= 1, op,
                ": inv_freq must be [rotary_dim / 2] or, for an axis layout, [axes, rotary_dim / 2], with at least one ",
                "entry, got shape ", sizes_of(inv_freq));
@@ -503,8 +513,8 @@ void finish_rope(const char* op, RopeStart& s, const Tensor& q, const Tensor& k,
                  const Tensor* dst_k, std::string_view layout, const Backend& backend) {
   RopeProblem& p = s.p;
   p.copy_passthrough = !s.in_place && p.rot_dim < p.head_dim;
-  fill_operand(p.q, s.in.q, q, s.in_place ? q : *dst_q, layout, op);
-  fill_operand(p.k, s.in.k, k, s.in_place ? k : *dst_k, layout, op);
+  fill_operand(p.q, s.in.q, q, s.in_place ? q : *dst_q, layout, op, "q");
+  fill_operand(p.k, s.in.k, k, s.in_place ? k : *dst_k, layout, op, "k");
   if (p.batch * p.seq > 0 && p.head_dim > 0) backend.rope(p, q.scalar_type());
 }
 
@@ -526,7 +536,7 @@ void rope_frequency(const char* op, const RopeArgs& a, const Tensor* dst_q, cons
   p.n_axes = inv64->dim() == 2 ? inv64->size(0) : 1;
   p.interleaved = a.interleaved;
   p.inverse = a.inverse;
-  p.inv_freq = static_cast<const double*>(inv64->data_ptr());
+  p.inv_freq = static_cast<const double*>(data_of(op, *inv64, "inv_freq"));
   p.attention_factor = a.attention_factor;
   finish_rope(op, s, a.q, a.k, dst_q, dst_k, a.layout, backend);
 }

@@ -84,8 +84,8 @@ class RotaryEmbedding(nn.Module):
                 offset: int = 0, cu_seqlens: Optional[torch.Tensor] = None):
         # ops.apply_rope(q, k, positions, config=self.config, layout=self.layout, offset=offset,
         # cu_seqlens=cu_seqlens), without its keyword handling (a tenth of a decode step's Python time)
-        return ops._rope_entry()(False, q, k, positions, self.config, None, None, None, self.layout, offset,
-                                 cu_seqlens, None, None, False)
+        return (ops._rope if ops._FAST is None else ops._FAST.rope)(
+            False, q, k, positions, self.config, None, None, None, self.layout, offset, cu_seqlens, None, None, False)
 
 
 if ops._FAST is not None:

@@ -247,13 +247,16 @@ def _axis_layout_inv_freq(inv_freq: torch.Tensor, mrope_section, mrope_interleav
 
 # Decode fast path (issue 9; docs/architecture.md, section 2.1). At decode a call rotates a
 # few kilobytes, so the Python around the op and the dispatcher cost more than the kernel. The rope
-# calls (through _rope_entry) and apply_rotary_pos_emb go to the _direct extension first
-# (csrc/python/direct.c), which
+# calls and apply_rotary_pos_emb go to the _direct extension first (csrc/python/direct.c), which
 # runs the CPU kernel straight away when nothing is to be recorded or intercepted (plain CPU tensors,
 # no gradient wanted, no mode, functorch transform or profiler active), bumping q and k's version
 # counters after an in-place write as the ADInplaceOrView kernel does. It answers None for every call
 # it does not take, and for every call the op refuses: those take the general path, which raises its
-# own error. torch.compile traces the general path (is_compiling first).
+# own error. A rope call is `(_rope if _FAST is None else _FAST.rope)(<_rope's 14 arguments>)`
+# (apply_rope, apply_rope_, RotaryEmbedding.forward, the transformers integration's
+# RotaryPositions.rotate): no Python frame of its own, a fifth of a decode call. torch.compile
+# cannot trace the C function, so _rope is registered as its stand-in (below): compiled code traces
+# the general path.
 
 _Tensor = torch.Tensor
 _INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
@@ -276,18 +279,11 @@ except AttributeError:  # a torch without one of these: no fast path, same resul
 _FAST = _library.load_fast_path(_FAST_PATH_OBJECTS) if _FAST_PATH_OBJECTS else None
 
 
-def _rope_entry():
-    """What takes a rope call (the arguments of :func:`_rope`): in eager mode the fast path, which
-    hands the calls it declines to _rope; _rope itself under torch.compile (which traces it), or
-    without the extension. Its callers call the result at once, so a call costs one Python frame."""
-    return _rope if _FAST is None or _is_compiling() else _FAST.rope
-
-
 def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset,
           cu_seqlens, rotary_dim, mrope_section, mrope_interleaved):
     """The general path of one call of :func:`apply_rope` (:func:`apply_rope_` when ``in_place``;
     RotaryEmbedding.forward and the transformers integration call it too), in two steps, after the
-    decode fast path (:func:`_rope_entry`) declined it:
+    decode fast path (``_FAST.rope``) declined it:
 
     2. every check made in Python: a TypeError/ValueError naming the argument (the op checks the
        rest, shapes against each other, dtypes, devices and positions, on either path);
@@ -383,6 +379,9 @@ def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, i
     return q, k
 
 
+if _FAST is not None:  # what torch.compile traces in place of the C function: the general path
+    torch.compiler.substitute_in_graph(_FAST.rope, skip_signature_check=True)(lambda *args: _rope(*args))
+
 _NO_SKIP = contextlib.nullcontext()
 
 
@@ -432,7 +431,8 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Opt
 
     Differentiable with respect to q and k (the backward is the transposed rotation).
     """
-    return _rope_entry()(False, q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset,
+    return (_rope if _FAST is None else _FAST.rope)(False, q, k, positions, config, inv_freq, attention_factor,
+                                                     interleaved, layout, offset,
                          cu_seqlens, rotary_dim, mrope_section, mrope_interleaved)
 
 
@@ -449,7 +449,8 @@ def apply_rope_(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Op
     bumped; a leaf that requires grad is refused under grad mode; a non-leaf that requires grad gets
     the in-place gradient (the inverse rotation). Out-of-place :func:`apply_rope` is the usual choice
     for training. Positions with an axis layout as in :func:`apply_rope`."""
-    return _rope_entry()(True, q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset,
+    return (_rope if _FAST is None else _FAST.rope)(True, q, k, positions, config, inv_freq, attention_factor,
+                                                     interleaved, layout, offset,
                          cu_seqlens, rotary_dim, mrope_section, mrope_interleaved)
 
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from ..._rope_math import cos_sin_from_angles, rope_angles, seq_len_from_positions
 from ...config import RopeConfig
-from ...ops import _rope_entry
+from ... import ops
 
 _ERR = "posenc_native.integrations.transformers"
 
@@ -52,9 +52,10 @@ class RotaryPositions:
         pos = self.positions
         if pos.dim() == 2 and pos.shape[0] == 1 and q.shape[0] != 1:
             pos = pos[0]  # transformers' [1, S] shared by every sequence of the batch (metadata only, no sync)
-        # apply_rope's one call path: at decode it skips the dispatcher (ops._rope_entry)
-        return _rope_entry()(False, q, k, pos, None, self.inv_freq, self.attention_factor,
-                             self.interleaved if interleaved is None else interleaved, layout, 0, None, None, None, False)
+        # apply_rope's one call path: at decode it skips the dispatcher (ops._FAST.rope)
+        return (ops._rope if ops._FAST is None else ops._FAST.rope)(
+            False, q, k, pos, None, self.inv_freq, self.attention_factor,
+            self.interleaved if interleaved is None else interleaved, layout, 0, None, None, None, False)
 
     def cos_sin(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """transformers-style ``(cos, sin)`` ``[B, S, rotary_dim]`` (for code that needs the tensors)."""

@@ -201,6 +201,10 @@ def test_module_call_is_nn_modules_call():
     module(q, k, pos)
     assert seen == []
 
+    patched = pn.RotaryEmbedding(config)
+    patched.forward = lambda q, k=None, positions=None, offset=0, cu_seqlens=None: ("patched", offset)
+    assert patched(q, k, pos, 3) == ("patched", 3)  # a forward set on the instance is the one called
+
     class Scaled(pn.RotaryEmbedding):
         def forward(self, q, k=None, positions=None, offset=0, cu_seqlens=None):
             out_q, out_k = super().forward(q, k, positions, offset, cu_seqlens)

@@ -41,7 +41,7 @@ static struct {
   PosencDirectKernel direct[N_OPS];  /* each op's direct kernel, or NULL (torch < 2.14) */
   Py_ssize_t taken[N_OPS];           /* kernel runs on the fast path, for the tests */
 } fp;
-static PyObject *s_requires_grad, *s_version, *s_is_cpu, *s_frequencies, *s_cpu_plain, *s_shape, *s_call, *s_is_neg, *s_current_level;
+static PyObject *s_requires_grad, *s_version, *s_is_cpu, *s_frequencies, *s_cpu_plain, *s_shape, *s_call, *s_is_neg, *s_current_level, *s_forward;
 /* What nn.Module.__call__ consults before it calls forward (torch/nn/modules/module.py, _wrapped_call_impl
  * and _call_impl): the module's own hooks, the global ones, a compiled call. */
 static const char* const hook_names[] = {"_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"};
@@ -327,8 +327,8 @@ static int empty_dict_at(PyObject* d, PyObject* name) {
   return PyDict_Check(v) && PyDict_Size(v) == 0;
 }
 
-/* 1 if nn.Module.__call__ would call self.forward(...) straight away (no hook of the module's or
- * global, no compiled call) and self holds config and layout (*config, *layout borrowed from its
+/* 1 if nn.Module.__call__ would call the class's forward straight away (no hook of the module's or
+ * global, no compiled call, no forward set on the instance) and self holds config and layout (*config, *layout borrowed from its
  * __dict__, held by *dict); 0 if not; -1 on error. */
 static int plain_module_call(PyObject* self, PyObject** dict, PyObject** config, PyObject** layout) {
   if ((*dict = PyObject_GenericGetDict(self, NULL)) == NULL) return -1;
@@ -339,6 +339,8 @@ static int plain_module_call(PyObject* self, PyObject** dict, PyObject** config,
   }
   PyObject* compiled = PyDict_GetItemWithError(*dict, s_compiled_call);
   if (compiled != NULL && compiled != Py_None) return 0;
+  /* a forward set on the instance (module.forward = f) is what nn.Module.__call__ calls */
+  if ((r = PyDict_Contains(*dict, s_forward)) != 0) return r < 0 ? -1 : 0;
   *config = PyDict_GetItemWithError(*dict, s_config);
   *layout = *config ? PyDict_GetItemWithError(*dict, s_layout) : NULL;
   if (*layout == NULL) return PyErr_Occurred() ? -1 : 0;
@@ -493,10 +495,10 @@ static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_direct", NULL, 
 
 PyMODINIT_FUNC PyInit__direct(void) {
   const char* names[] = {"requires_grad", "_version", "is_cpu", "_frequencies", "cpu_plain", "shape", "__call__",
-                         "_compiled_call_impl", "config", "layout", "is_neg", "_current_level"};
+                         "_compiled_call_impl", "config", "layout", "is_neg", "_current_level", "forward"};
   PyObject** slots[] = {&s_requires_grad, &s_version, &s_is_cpu, &s_frequencies, &s_cpu_plain, &s_shape, &s_call,
-                        &s_compiled_call, &s_config, &s_layout, &s_is_neg, &s_current_level};
-  for (int i = 0; i < 12; ++i)
+                        &s_compiled_call, &s_config, &s_layout, &s_is_neg, &s_current_level, &s_forward};
+  for (int i = 0; i < 13; ++i)
     if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
   for (int i = 0; i < N_HOOK_NAMES; ++i)
     if ((s_hooks[i] = PyUnicode_InternFromString(hook_names[i])) == NULL ||

@@ -164,7 +164,7 @@ def test_jit_trace_records_the_op_of_every_entry():
             torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
-def test_module_call_is_nn_modules_call():
+def test_module_call_is_nn_modules_call(monkeypatch):
     """RotaryEmbedding.__call__ (the extension's module_call) skips nn.Module.__call__'s Python only
     where that would call forward straight away: hooks of the module's or global ones still run,
     a subclass's forward is called, keyword arguments work, bad calls raise forward's TypeError,
@@ -204,6 +204,10 @@ def test_module_call_is_nn_modules_call():
     patched = pn.RotaryEmbedding(config)
     patched.forward = lambda q, k=None, positions=None, offset=0, cu_seqlens=None: ("patched", offset)
     assert patched(q, k, pos, 3) == ("patched", 3)  # a forward set on the instance is the one called
+    original = pn.RotaryEmbedding.forward
+    monkeypatch.setattr(pn.RotaryEmbedding, "forward", lambda self, *args: ("class", len(args)))
+    assert module(q, k, pos, 3) == ("class", 4)  # and one set on the class
+    monkeypatch.setattr(pn.RotaryEmbedding, "forward", original)
 
     class Scaled(pn.RotaryEmbedding):
         def forward(self, q, k=None, positions=None, offset=0, cu_seqlens=None):

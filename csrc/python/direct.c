@@ -38,6 +38,7 @@ static struct {
   PyObject* nn_module_globals;       /* torch.nn.modules.module's namespace: its global hook dicts */
   PyObject* forward_ad_globals;      /* torch.autograd.forward_ad's namespace: _current_level */
   PyObject* rotary_type;             /* posenc_native.RotaryEmbedding, once module_call() made its __call__ */
+  PyObject* rotary_forward;          /* its forward then (the one module_call stands for) */
   PosencDirectKernel direct[N_OPS];  /* each op's direct kernel, or NULL (torch < 2.14) */
   Py_ssize_t taken[N_OPS];           /* kernel runs on the fast path, for the tests */
 } fp;
@@ -328,7 +329,7 @@ static int empty_dict_at(PyObject* d, PyObject* name) {
 }
 
 /* 1 if nn.Module.__call__ would call the class's forward straight away (no hook of the module's or
- * global, no compiled call, no forward set on the instance) and self holds config and layout (*config, *layout borrowed from its
+ * global, no compiled call, no forward set on the instance or the class) and self holds config and layout (*config, *layout borrowed from its
  * __dict__, held by *dict); 0 if not; -1 on error. */
 static int plain_module_call(PyObject* self, PyObject** dict, PyObject** config, PyObject** layout) {
   if ((*dict = PyObject_GenericGetDict(self, NULL)) == NULL) return -1;
@@ -339,8 +340,12 @@ static int plain_module_call(PyObject* self, PyObject** dict, PyObject** config,
   }
   PyObject* compiled = PyDict_GetItemWithError(*dict, s_compiled_call);
   if (compiled != NULL && compiled != Py_None) return 0;
-  /* a forward set on the instance (module.forward = f) is what nn.Module.__call__ calls */
+  /* a forward set on the instance (module.forward = f) or on the class is what nn.Module.__call__ calls */
   if ((r = PyDict_Contains(*dict, s_forward)) != 0) return r < 0 ? -1 : 0;
+  PyObject* forward = PyObject_GetAttr(fp.rotary_type, s_forward);
+  if (forward == NULL) return -1;
+  Py_DECREF(forward); /* (identity only) */
+  if (forward != fp.rotary_forward) return 0;
   *config = PyDict_GetItemWithError(*dict, s_config);
   *layout = *config ? PyDict_GetItemWithError(*dict, s_layout) : NULL;
   if (*layout == NULL) return PyErr_Occurred() ? -1 : 0;
@@ -397,6 +402,10 @@ static PyObject* make_module_call(PyObject* module, PyObject* cls) {
     PyErr_SetString(PyExc_TypeError, "posenc_native._direct.module_call takes RotaryEmbedding, after bind()");
     return NULL;
   }
+  PyObject* forward = PyObject_GetAttr(cls, s_forward);
+  if (forward == NULL) return NULL;
+  Py_XDECREF(fp.rotary_forward);
+  fp.rotary_forward = forward;
   Py_XDECREF(fp.rotary_type);
   fp.rotary_type = Py_NewRef(cls);
   return PyDescr_NewMethod((PyTypeObject*)cls, &module_call_def);

@@ -8,13 +8,11 @@ cos/sin tables) raise NotImplementedError.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch.autograd.forward_ad import make_dual, unpack_dual
 import torch.autograd.forward_ad as _fwad
 
-__all__ = ["tangents", "refuse_tangents", "tangent_or_zeros", "make_dual"]
+__all__ = ["tangents", "refuse_tangents", "through_linear", "make_dual"]
 
 
 def tangents(*tensors):
@@ -37,5 +35,13 @@ def refuse_tangents(op: str, **named_tensors) -> None:
                                   "(only with respect to the rotated or added tensors)")
 
 
-def tangent_or_zeros(tangent: Optional[torch.Tensor], primal: torch.Tensor) -> torch.Tensor:
-    return torch.zeros_like(primal) if tangent is None else tangent
+def through_linear(run, dual):
+    """``run``'s result for an op linear in the tensors ``tangents`` unpacked into ``dual``: run on
+    the primals, run again on the tangents (zeros where a tensor has none; None stays None), each
+    output paired with its tangent. ``run`` returns a tensor or a tuple (whose None entries stay)."""
+    primals, tans = dual
+    out = run(*primals)
+    tan = run(*[p if p is None else (torch.zeros_like(p) if t is None else t) for p, t in zip(primals, tans)])
+    if isinstance(out, tuple):
+        return tuple(None if o is None else make_dual(o, t) for o, t in zip(out, tan))
+    return make_dual(out, tan)

@@ -18,7 +18,7 @@ from typing import Optional, Union
 
 import torch
 
-from ._forward_ad import make_dual, tangents
+from ._forward_ad import tangents, through_linear
 from ._library import load_library
 from ._op_args import bind, call, input_grads
 
@@ -82,10 +82,9 @@ def relative_position_bias(weight: torch.Tensor, query_length: int, key_length: 
     and head).
     """
     if (dual := tangents(weight)) is not None:  # a gather: linear in weight
-        kwargs = dict(bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance,
-                      query_offset=query_offset)
-        return make_dual(relative_position_bias(dual[0][0], query_length, key_length, **kwargs),
-                               relative_position_bias(dual[1][0], query_length, key_length, **kwargs))
+        return through_linear(lambda w: relative_position_bias(
+            w, query_length, key_length, bidirectional=bidirectional, num_buckets=num_buckets,
+            max_distance=max_distance, query_offset=query_offset), dual)
     nb = num_buckets if num_buckets is not None else (weight.shape[0] if weight.dim() > 0 else 0)
     return torch.ops.posenc.relative_position_bias(weight, query_length, key_length, bool(bidirectional), int(nb),
                                                    int(max_distance), _offset(query_offset))
@@ -123,9 +122,8 @@ def alibi_bias(slopes: torch.Tensor, query_length: int, key_length: int, *, quer
     Differentiable with respect to ``slopes``.
     """
     if (dual := tangents(slopes)) is not None:  # linear in slopes
-        out = alibi_bias(dual[0][0], query_length, key_length, query_offset=query_offset, dtype=dtype)
-        tangent = alibi_bias(dual[1][0], query_length, key_length, query_offset=query_offset, dtype=out.dtype)
-        return make_dual(out, tangent)
+        return through_linear(lambda s: alibi_bias(s, query_length, key_length, query_offset=query_offset,
+                                                   dtype=dtype), dual)
     return torch.ops.posenc.alibi_bias(slopes, query_length, key_length, _offset(query_offset), dtype)
 
 

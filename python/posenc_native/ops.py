@@ -12,8 +12,9 @@ from typing import Optional, Sequence, Union
 import torch
 
 from . import _library
+from ._contexts import MODES_ACTIVE
 from ._forward_ad import make_dual as _make_dual, refuse_tangents as _refuse_tangents
-from ._forward_ad import tangent_or_zeros as _tangent_or_zeros, tangents as _tangents
+from ._forward_ad import tangents as _tangents, through_linear as _through_linear
 from ._library import load_library
 from ._op_args import arg_index as _arg_index, bind, call, input_grads, save_args, saved_args, tensor_fields
 from ._rope_math import HEAD_AXIS, LAYOUTS, SEQ_AXIS, axis_inv_freq, mrope_pair_axes, seq_len_from_positions
@@ -264,9 +265,8 @@ _is_compiling = torch.compiler.is_compiling
 try:
     _FAST_PATH_OBJECTS = {
         "tensor": torch.Tensor, "config": RopeConfig,
-        "intercepting": (torch._C._are_functorch_transforms_active, torch._C._len_torch_dispatch_stack,
-                         torch._C._is_torch_function_mode_enabled, torch._C._autograd._profiler_enabled,
-                         torch._C._get_tracing_state),  # None, or the jit tracer's state (it records ops)
+        "intercepting": MODES_ACTIVE + (torch._C._autograd._profiler_enabled,
+                                        torch._C._get_tracing_state),  # None, or the jit tracer's state (it records ops)
         "inference_mode": torch.is_inference_mode_enabled, "increment_version": torch._C._increment_version,
         "nn_module": torch.nn.Module, "nn_module_globals": vars(torch.nn.modules.module),
         "forward_ad_globals": vars(torch.autograd.forward_ad),  # _current_level >= 0: a dual level is active
@@ -347,12 +347,9 @@ def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, i
     if (dual := _tangents(q, k)) is not None:  # linear in q and k: a tangent rotates as they do
         if in_place:
             raise NotImplementedError("apply_rope_: forward-mode AD is not supported in place (use apply_rope)")
-        (qp, kp), (tq, tk) = dual
         rest = (positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens, rotary_dim,
                 mrope_section, mrope_interleaved)
-        out_q, out_k = _rope(False, qp, kp, *rest)
-        tan_q, tan_k = _rope(False, _tangent_or_zeros(tq, qp), None if k is None else _tangent_or_zeros(tk, kp), *rest)
-        return _make_dual(out_q, tan_q), (None if k is None else _make_dual(out_k, tan_k))
+        return _through_linear(lambda q_, k_: _rope(False, q_, k_, *rest), dual)
     _refuse_tangents("apply_rope", positions=positions, inv_freq=inv_freq)
     k_arg = _empty_k(q, layout) if k is None else k
     if config is not None:
@@ -482,11 +479,7 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     positions, layout = _cos_sin_positions_layout(cos, position_ids, unsqueeze_dim)
     if (dual := _tangents(q, k)) is not None:  # linear in q and k
         _refuse_tangents("apply_rotary_pos_emb", cos=cos, sin=sin)
-        (qp, kp), (tq, tk) = dual
-        out_q, out_k = apply_rotary_pos_emb(qp, kp, cos, sin, position_ids, unsqueeze_dim)
-        tan_q, tan_k = apply_rotary_pos_emb(_tangent_or_zeros(tq, qp), _tangent_or_zeros(tk, kp), cos, sin,
-                                            position_ids, unsqueeze_dim)
-        return _make_dual(out_q, tan_q), _make_dual(out_k, tan_k)
+        return _through_linear(lambda q_, k_: apply_rotary_pos_emb(q_, k_, cos, sin, position_ids, unsqueeze_dim), dual)
     _refuse_tangents("apply_rotary_pos_emb", cos=cos, sin=sin)
     with _autograd_skipped(q, k):
         return torch.ops.posenc.rope_cos_sin(q, k, cos, sin, positions, layout, False)

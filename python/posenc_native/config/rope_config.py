@@ -8,26 +8,20 @@ from typing import Any, Hashable, Mapping, Optional, Sequence, Union
 
 import torch
 
+from .._contexts import plain_context
 from .._rope_math import axis_inv_freq, mrope_pair_axes
 from .scheme import RopeScaling, scaling_from_dict, scheme_class
-
-
-def _plain_context() -> bool:
-    """Whether a tensor made now is a plain tensor: no dispatch mode (FakeTensorMode under
-    torch.export, a proxy mode), torch function mode or functorch transform is active."""
-    return not (torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled()
-                or torch._C._are_functorch_transforms_active())
 
 
 class DeviceFrequencies:
     """The float64 ``inv_freq`` of one config, per (device, regime), computed once and shared.
 
-    Only tensors made in a plain context are cached (:func:`_plain_context`): the first call of a
-    config under torch.export or a functorch transform cached a FakeTensor or a wrapper, which later
-    eager calls then read. Readers take no lock: a lookup reads the current dict, and a writer (under the lock) publishes
-    a new dict, so a concurrent reader sees either the old or the new one, never a half-made entry
-    (a shared dict cleared in place raised KeyError under threads). The number of regimes is
-    bounded: dynamic NTK has one per sequence length past ``max_position_embeddings``.
+    Only tensors made in a plain context are cached (``_contexts.plain_context``): the first call
+    of a config under torch.export or a functorch transform cached a FakeTensor or a wrapper, which
+    later eager calls then read. Readers take no lock: a lookup reads the current dict, and a writer
+    (under the lock) publishes a new dict, so a concurrent reader sees either the old or the new
+    one, never a half-made entry (a shared dict cleared in place raised KeyError under threads).
+    The number of regimes is bounded: dynamic NTK has one per sequence length past ``max_position_embeddings``.
     """
 
     MAX_ENTRIES = 16
@@ -52,7 +46,7 @@ class DeviceFrequencies:
         return t
 
     def _fill(self, key: Hashable, device: torch.device, seq_len: Optional[int], axes: bool) -> torch.Tensor:
-        if not _plain_context():  # a FakeTensor or a transform's wrapper must not outlive its context
+        if not plain_context():  # a FakeTensor or a transform's wrapper must not outlive its context
             t = self._config.inv_freq(seq_len)
             return (axis_inv_freq(t, self._config.pair_axes, self._config.num_axes) if axes else t).to(device)
         with self._lock:

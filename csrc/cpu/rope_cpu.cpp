@@ -92,35 +92,41 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
     rotate_heads<kInterleaved, T>(p, p.q, b, s, C, S, simd);
     rotate_heads<kInterleaved, T>(p, p.k, b, s, C, S, simd);
   };
+  // Token t = b * seq + s, its (b, s) stepped along with t: a 64-bit division per token measured
+  // ~3% of a decode batch's call.
+  int64_t tb = begin / p.seq, ts = begin % p.seq;
+  const auto next_token = [&] {
+    if (++ts == p.seq) ts = 0, ++tb;
+  };
   if (p.inv_freq) {  // angles from frequencies, once per token, advanced along consecutive positions
     SinCosStream<M> angles(p.inv_freq, pairs, static_cast<M>(p.attention_factor), p.n_axes);
+    int64_t now = begin;  // the token whose (b, s) are (tb, ts); the stream may ask for earlier ones
     const auto position_of = [&](int64_t t, double* out) {  // every axis of token t
-      const int64_t b = t / p.seq, s = t % p.seq;
+      const int64_t b = t == now ? tb : t / p.seq, s = t == now ? ts : t % p.seq;
       for (int64_t a = 0; a < p.n_axes; ++a) out[a] = static_cast<double>(p.position(b, s, a));
     };
-    for (int64_t t = begin; t < end; ++t) {
-      angles.at(t, position_of);
+    for (; now < end; ++now, next_token()) {
+      angles.at(now, position_of);
       if constexpr (!kInterleaved) {
         if (uniform_rows) {
-          rotate_heads_uniform<kInverse, T>(p, p.q, t / p.seq, t % p.seq, angles.cos(), angles.sin(), uniform);
-          rotate_heads_uniform<kInverse, T>(p, p.k, t / p.seq, t % p.seq, angles.cos(), angles.sin(), uniform);
+          rotate_heads_uniform<kInverse, T>(p, p.q, tb, ts, angles.cos(), angles.sin(), uniform);
+          rotate_heads_uniform<kInverse, T>(p, p.k, tb, ts, angles.cos(), angles.sin(), uniform);
           continue;
         }
       }
       set_factor_rows<kInterleaved, kInverse>(C, S, pairs, angles.cos(), angles.sin());
-      rotate_token(t / p.seq, t % p.seq);
+      rotate_token(tb, ts);
     }
     return;
   }
   // A given cos/sin table: c1/s1 at first(i), c2/s2 at second(i) (the two halves may differ).
-  for (int64_t t = begin; t < end; ++t) {
-    const int64_t b = t / p.seq, s = t % p.seq;
-    const int64_t row = p.cos_sin_row(b, s);
+  for (int64_t t = begin; t < end; ++t, next_token()) {
+    const int64_t row = p.cos_sin_row(tb, ts);
     for (int64_t i = 0; i < pairs; ++i) {
       const PairFactors<M> f = factors_from_table<M, T>(p, row, i);
       set_factors<kInterleaved, kInverse>(C, S, pairs, i, f.c1, f.s1, f.c2, f.s2);
     }
-    rotate_token(b, s);
+    rotate_token(tb, ts);
   }
 }
 

@@ -3,7 +3,8 @@
 // "Decode fast path and fp16 rows"). One thread, thread CPU time, minimum of 40 passes.
 //
 //   g++ -O3 -mavx2 -mfma -mf16c -ffp-contract=off benchmarks/micro/rope_rows.cpp -o /tmp/rope_rows
-//   /tmp/rope_rows            # fp16, 4096 tokens x 40 rows of 128 (DRAM), then fp32 at 1 and 64 tokens (cache)
+//   /tmp/rope_rows            # fp16, 4096 tokens x 40 rows of 128 (DRAM), then 16 rows in L1 (compute),
+//                             # then fp32 at 1 and 64 tokens (cache)
 //
 // The loops mirror csrc/cpu/simd_rows.h (fp16 rows: F16C conversions, factor rows C/S laid out
 // like the row) and core/rope.h rotate_row_uniform (fp32, compiler-vectorized); the factors are
@@ -52,6 +53,11 @@ void store_h(uint16_t* p, __m256 v) {
 __attribute__((noinline)) void h_floor(uint16_t* x, int64_t n) {
   const __m256 f = _mm256_set1_ps(one);
   for (int64_t i = 0; i < n; i += 8) store_h(x + i, _mm256_mul_ps(load_h(x + i), f));
+}
+
+// Conversions alone: convert in, convert out, no arithmetic.
+__attribute__((noinline)) void h_convert(uint16_t* x, int64_t n) {
+  for (int64_t i = 0; i < n; i += 8) store_h(x + i, load_h(x + i));
 }
 
 // The floor with the rotation's arithmetic (2 multiplies and an add per element), no factor loads.
@@ -142,6 +148,29 @@ int main() {
     std::printf("fp16, 4096 tokens x %ld rows x %ld (%.0f MiB), ms and ratio to the floor:\n", kRows, kDim,
                 rows * kDim * 2 / 1048576.0);
     for (size_t i = 0; i < ms.size(); ++i) std::printf("  %-36s %.3f  %.2fx\n", names[i], ms[i], ms[i] / ms[0]);
+  }
+  {
+    // The same loops on 16 rows (4 KiB) that stay in L1: no memory stalls, so this is what each
+    // costs in instructions. The fp16 floor is bound by its two F16C conversions, and the rotation
+    // adds arithmetic to the same vector pipes, so against this floor it cannot run at 1.0x; from
+    // DRAM it comes closer the more the memory stalls hide it (benchmarks/RESULTS.md).
+    constexpr int64_t rows = 16;
+    alignas(64) uint16_t x[rows * kDim];
+    for (auto& v : x) v = static_cast<uint16_t>(0x3c00 + std::rand() % 512);
+    const auto passes = [&](const std::function<void()>& f) {
+      return [f] {
+        for (int k = 0; k < 2000; ++k) f();
+      };
+    };
+    const std::vector<double> ms = best_ms({passes([&] { h_floor(x, rows * kDim); }),
+                                            passes([&] { h_convert(x, rows * kDim); }),
+                                            passes([&] { h_floor_arith(x, rows * kDim); }),
+                                            passes([&] { h_half_pair(x, rows, c, s); }),
+                                            passes([&] { h_interleaved(x, rows, C, S); })});
+    const char* names[] = {"floor (convert, multiply, convert)", "conversions only", "floor + rotation arithmetic",
+                           "half-split, per-pair factors", "interleaved, factor rows"};
+    std::printf("fp16, %ld rows x %ld in L1 (compute-bound), ratio to the floor:\n", rows, kDim);
+    for (size_t i = 0; i < ms.size(); ++i) std::printf("  %-36s %.2fx\n", names[i], ms[i] / ms[0]);
   }
   for (int64_t tokens : {1, 64}) {
     std::vector<float> x(tokens * kRows * kDim);

@@ -92,8 +92,8 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
     rotate_heads<kInterleaved, T>(p, p.q, b, s, C, S, simd);
     rotate_heads<kInterleaved, T>(p, p.k, b, s, C, S, simd);
   };
-  // Token t = b * seq + s, its (b, s) stepped along with t: a 64-bit division per token measured
-  // ~3% of a decode batch's call.
+  // Token t = b * seq + s, its (b, s) stepped along with t: the two 64-bit divisions per token
+  // were ~2% of a B=64 decode call (benchmarks/RESULTS.md, "Fifth session").
   int64_t tb = begin / p.seq, ts = begin % p.seq;
   const auto next_token = [&] {
     if (++ts == p.seq) ts = 0, ++tb;

@@ -82,24 +82,21 @@ POSENC_HD void sincos_row(double position, const double* __restrict__ freq, int6
 namespace posenc {
 
 // Advances every (sin, cos) of a row from angle t_i to t_i + step_i by the angle-addition formulas
-// (a rotation by step_i, kept in float64); with kWriteMath also writes them times `amplitude` in
-// the math type. Consecutive positions cost a few multiply-adds instead of a sin/cos each; in
-// float64 the error grows by ~1e-16 a step, so a row computed directly every few dozen steps keeps
-// the result as exact as sincos_of.
-template <bool kWriteMath, typename M>
+// (a rotation by step_i, kept in float64), and hands each advanced pair to write(i, sin, cos) (in
+// float64; a no-op where only the state is wanted). Consecutive positions cost a few multiply-adds
+// instead of a sin/cos each; in float64 the error grows by ~1e-16 a step, so a row computed directly
+// every few dozen steps keeps the result as exact as sincos_of.
+template <typename Write>
 POSENC_HD void advance_sincos_row(double* __restrict__ sin_state, double* __restrict__ cos_state,
                                   const double* __restrict__ step_sin, const double* __restrict__ step_cos, int64_t n,
-                                  M amplitude, M* __restrict__ sin_out, M* __restrict__ cos_out) {
+                                  const Write& write) {
   for (int64_t i = 0; i < n; ++i) {
     const double s = sin_state[i], c = cos_state[i];
     const double s2 = s * step_cos[i] + c * step_sin[i];
     const double c2 = c * step_cos[i] - s * step_sin[i];
     sin_state[i] = s2;
     cos_state[i] = c2;
-    if constexpr (kWriteMath) {
-      sin_out[i] = static_cast<M>(s2) * amplitude;
-      cos_out[i] = static_cast<M>(c2) * amplitude;
-    }
+    write(i, s2, c2);
   }
 }
 

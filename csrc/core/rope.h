@@ -159,15 +159,6 @@ POSENC_HD void set_factors(M* C, M* S, int64_t pairs, int64_t i, M c1, M s1, M c
   S[b] = kInverse ? -s1 : s2;
 }
 
-// Every pair's factors from one cos/sin row (c1 = c2, s1 = s2: angles from frequencies), once per
-// token on the CPU. restrict: without it the compiler cannot rule out c/s overlapping C/S and keeps
-// this loop scalar, a cost paid per token that showed against fp32's memory floor.
-template <bool kInterleaved, bool kInverse, typename M>
-inline void set_factor_rows(M* __restrict__ C, M* __restrict__ S, int64_t pairs, const M* __restrict__ c,
-                            const M* __restrict__ s) {
-  for (int64_t i = 0; i < pairs; ++i) set_factors<kInterleaved, kInverse>(C, S, pairs, i, c[i], s[i], c[i], s[i]);
-}
-
 // Rotate pairs [first_pair, pairs) of one head row (src may equal dst) with factor rows C, S (see
 // set_factors): the portable CPU loop, which also finishes rows after the SIMD kernels.
 template <bool kInterleaved, typename T, typename M>

@@ -105,16 +105,18 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
       const int64_t b = t == now ? tb : t / p.seq, s = t == now ? ts : t % p.seq;
       for (int64_t a = 0; a < p.n_axes; ++a) out[a] = static_cast<double>(p.position(b, s, a));
     };
+    // The factor rows are written as the stream forms each pair (sincos_stream.h).
+    const auto factor_rows = [&](int64_t i, M s, M c) { set_factors<kInterleaved, kInverse>(C, S, pairs, i, c, s, c, s); };
     for (; now < end; ++now, next_token()) {
-      angles.at(now, position_of);
       if constexpr (!kInterleaved) {
         if (uniform_rows) {
+          angles.at(now, position_of);
           rotate_heads_uniform<kInverse, T>(p, p.q, tb, ts, angles.cos(), angles.sin(), uniform);
           rotate_heads_uniform<kInverse, T>(p, p.k, tb, ts, angles.cos(), angles.sin(), uniform);
           continue;
         }
       }
-      set_factor_rows<kInterleaved, kInverse>(C, S, pairs, angles.cos(), angles.sin());
+      angles.at(now, position_of, factor_rows);
       rotate_token(tb, ts);
     }
     return;

@@ -281,7 +281,7 @@ int64_t rotate_row_simd(const void* src_v, void* dst_v, int64_t rows, int64_t sr
 
 // isa.h, RotateUniformFn: half-split rows with the pair's cos c[i] and sin s[i] read directly
 // (core/rope.h, rotate_row_uniform: a*c - b*s, b*c + a*s, the inverse with the signs swapped; the
-// same bits as rotate_row with set_factor_rows, since adding b * (-s) is subtracting b * s). Plain
+// same bits as rotate_row with set_factors, since adding b * (-s) is subtracting b * s). Plain
 // per-vector loads and stores: an even/odd policy would need its factors reordered.
 template <class I, class D, bool kInverse, int K>
 [[gnu::always_inline]] inline void rotate_block_uniform(const typename D::T* src, typename D::T* dst, int64_t j,

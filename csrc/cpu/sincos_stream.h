@@ -53,6 +53,11 @@ enum RowSlot { kStreamMath, kStreamF64, kStreamSteps, kFactorRows };
 // it is advanced by one rotation per axis that moved (image patches along a row move on one axis),
 // or, when every axis moved (MRoPE text tokens), by one rotation by the sum of the axes' steps; any
 // other row is direct.
+//
+// Each row's values (sin and cos times the amplitude, in M) go where the consumer wants them: to
+// sin() and cos() by default, or, given an output out(i, sin, cos), written through it as they are
+// formed (the RoPE loop's factor rows, core/rope.h set_factors), which saves that consumer a pass
+// over the row per token: 2-3% of an fp16 interleaved prefill (benchmarks/RESULTS.md).
 template <typename M>
 class SinCosStream {
  public:
@@ -74,11 +79,22 @@ class SinCosStream {
   SinCosStream& operator=(const SinCosStream&) = delete;
 
   // Fills sin() and cos() for row `row`: position_of(row) gives a row's position as a double, or,
-  // with several axes, position_of(row, out) writes its n_axes positions to out. A consumer that can read float64 rows passes
-  // math_rows = false: a row that was not computed directly then stays in state_sin()/state_cos()
-  // (from_state() is true), which saves a pass.
+  // with several axes, position_of(row, out) writes its n_axes positions to out. A consumer that can
+  // read float64 rows passes math_rows = false: a row that was not computed directly then stays in
+  // state_sin()/state_cos() (from_state() is true), which saves a pass.
   template <typename PositionOf>
   void at(int64_t row, const PositionOf& position_of, bool math_rows = true) {
+    if (math_rows) {
+      at(row, position_of, MathRows{sin_, cos_});
+    } else {
+      at(row, position_of, StateOnly{});
+    }
+  }
+
+  // The same, with the row's values handed to out(i, sin, cos) (M, times the amplitude) instead:
+  // sin() and cos() are then not the row's.
+  template <typename PositionOf, typename Out>
+  void at(int64_t row, const PositionOf& position_of, const Out& out) {
     positions_of(position_of, row, current_);
     if (row != next_row_) {  // a chunk's first row: replay from the last direct row at or before it
       int64_t r = row;
@@ -91,10 +107,10 @@ class SinCosStream {
       }
       for (int64_t t = r; t < row; ++t) {
         positions_of(position_of, t, replay_);
-        step(t, replay_, false);
+        step(t, replay_, StateOnly{});
       }
     }
-    step(row, current_, math_rows);
+    step(row, current_, out);
   }
 
   bool from_state() const { return from_state_; }
@@ -105,6 +121,25 @@ class SinCosStream {
   const M* cos() const { return cos_; }
 
  private:
+  // Outputs of a row (at): none past the float64 state (math_rows = false, and the replayed rows);
+  // sin_ and cos_, the rows sin() and cos() hand out.
+  struct StateOnly {};
+  struct MathRows {
+    M* sin;
+    M* cos;
+    void operator()(int64_t i, M s, M c) const { sin[i] = s, cos[i] = c; }
+  };
+  template <typename Out>
+  static constexpr bool kStateOnly = std::is_same_v<Out, StateOnly>;
+
+  // out(i, ...) for a row of the float64 state, times the amplitude. restrict: the stores through
+  // out cannot change the state, so the loop vectorizes.
+  template <typename Out>
+  static void write_row(const double* __restrict__ s, const double* __restrict__ c, int64_t n, M amplitude,
+                        const Out& out) {
+    for (int64_t i = 0; i < n; ++i) out(i, static_cast<M>(s[i]) * amplitude, static_cast<M>(c[i]) * amplitude);
+  }
+
   // Rows of whole cache lines (16 elements: 64 bytes of float), so every row starts on one.
   static int64_t padded(int64_t count) { return (count + 15) / 16 * 16; }
 
@@ -126,25 +161,26 @@ class SinCosStream {
   }
 
   // One row after the previous one (row - 1, at previous_), by the rule above.
-  void step(int64_t row, const double* position, bool math_rows) {
+  template <typename Out>
+  void step(int64_t row, const double* position, const Out& out) {
     if (row == next_row_ && row % kDirectEvery != 0 && follows(position, previous_)) {
       int64_t last = -1, moved = 0;  // the last axis that moved: its rotation writes the math rows
       for (int64_t a = 0; a < n_axes_; ++a) {
         if (position[a] != previous_[a]) last = a, ++moved;
       }
       if (n_axes_ > 1 && moved == n_axes_) {
-        advance(n_axes_, math_rows);  // every axis: one rotation by the summed steps
+        advance(n_axes_, out);  // every axis: one rotation by the summed steps
       } else if (last >= 0) {
         for (int64_t a = 0; a < last; ++a) {
-          if (position[a] != previous_[a]) advance(a, false);
+          if (position[a] != previous_[a]) advance(a, StateOnly{});
         }
-        advance(last, math_rows);
+        advance(last, out);
       } else {
-        repeat(math_rows);
+        repeat(out);
       }
-      from_state_ = !math_rows;
+      from_state_ = kStateOnly<Out>;
     } else {
-      direct(position);
+      direct(position, out);
       from_state_ = false;
     }
     std::copy(position, position + n_axes_, previous_);
@@ -153,16 +189,20 @@ class SinCosStream {
 
   // The same angles again: what advance writes, the state in M times the amplitude. Nothing to do
   // when the math rows already hold it (a decode batch at one position: every row after the first).
-  void repeat(bool math_rows) {
-    if (!math_rows || math_current_) return;
-    for (int64_t i = 0; i < n_; ++i) {
-      sin_[i] = static_cast<M>(sin_state_[i]) * amplitude_;
-      cos_[i] = static_cast<M>(cos_state_[i]) * amplitude_;
+  template <typename Out>
+  void repeat(const Out& out) {
+    if constexpr (!kStateOnly<Out>) {
+      constexpr bool kMath = std::is_same_v<Out, MathRows>;
+      if (kMath && math_current_) return;
+      write_row(sin_state_, cos_state_, n_, amplitude_, out);
+      math_current_ = kMath;
     }
-    math_current_ = true;
   }
 
-  void direct(const double* position) {
+  // sin_ and cos_ always hold a direct row (times the amplitude): with StateOnly the consumer reads
+  // them (from_state() is false).
+  template <typename Out>
+  void direct(const double* position, const Out& out) {
     if (n_axes_ == 1) {
       sincos_row<M>(position[0], freq_, n_, M(1), sin_, cos_);
     } else {
@@ -176,12 +216,16 @@ class SinCosStream {
       cos_[i] *= amplitude_;
     }
     math_current_ = true;
+    if constexpr (!kStateOnly<Out> && !std::is_same_v<Out, MathRows>) {
+      write_row(sin_state_, cos_state_, n_, amplitude_, out);  // sin_[i] and cos_[i]'s bits (the state is theirs)
+    }
   }
 
   // Rotates the state by axis a's step (one position along it; a = n_axes: along every axis, the
   // step of the summed frequencies, exact for an axis layout whose other terms are zeros). The
   // steps' sin/cos are formed the first time they are needed: a decode step never needs them.
-  void advance(int64_t a, bool math_rows) {
+  template <typename Out>
+  void advance(int64_t a, const Out& out) {
     if (!steps_) {
       steps_ = thread_rows<double, kStreamSteps>(2 * (n_axes_ + 1) * row_);
       step_ready_.assign(n_axes_ + 1, 0);
@@ -201,12 +245,15 @@ class SinCosStream {
       }
       step_ready_[a] = 1;
     }
-    if (math_rows) {
-      advance_sincos_row<true>(sin_state_, cos_state_, ss, sc, n_, amplitude_, sin_, cos_);
+    if constexpr (kStateOnly<Out>) {
+      advance_sincos_row(sin_state_, cos_state_, ss, sc, n_, [](int64_t, double, double) {});
     } else {
-      advance_sincos_row<false>(sin_state_, cos_state_, ss, sc, n_, amplitude_, sin_, cos_);
+      const M amplitude = amplitude_;
+      advance_sincos_row(sin_state_, cos_state_, ss, sc, n_, [&out, amplitude](int64_t i, double s, double c) {
+        out(i, static_cast<M>(s) * amplitude, static_cast<M>(c) * amplitude);
+      });
     }
-    math_current_ = math_rows;
+    math_current_ = std::is_same_v<Out, MathRows>;
   }
 
   const double* freq_;
@@ -219,7 +266,7 @@ class SinCosStream {
   double *previous_, *current_, *replay_, *before_;  // one position per axis
   int64_t next_row_ = -1;
   bool from_state_ = false;
-  bool math_current_ = false;  // sin_/cos_ hold the state times the amplitude
+  bool math_current_ = false;  // sin_/cos_ hold the state times the amplitude (they may not, past an Out)
 };
 
 }  // namespace posenc::cpu

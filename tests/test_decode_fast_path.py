@@ -246,6 +246,34 @@ def test_module_fast_path_matches_reference_and_leaves_inputs(monkeypatch):
     assert "posenc.rope.default" in mode.ops
 
 
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_q_alone_takes_the_fast_path(interleaved, dtype):
+    """q without k (k=None) takes the fast path on every entry and gives the reference and the
+    general path's results: None for k, q rotated (in place: q itself, its version bumped)."""
+    config = _config(interleaved)
+    _warm(config)
+    module = pn.RotaryEmbedding(config)
+    q, _, pos = _decode_inputs(dtype=dtype)
+    want_q, _ = reference.apply_rope(q.double(), None, pos, config, offset=3)
+    tol = 2e-6 if dtype == torch.float32 else 1e-2
+    calls = _watch_fast_path()
+    got_q, got_k = pn.apply_rope(q, None, pos, config=config, offset=3)
+    mod_q, mod_k = module(q, positions=pos, offset=3)
+    assert calls() == {"rope": 2}  # the path under test
+    assert got_k is None and mod_k is None
+    torch.testing.assert_close(got_q.double(), want_q, atol=tol, rtol=0)
+    assert torch.equal(mod_q, got_q)
+    q2 = q.clone()
+    version = q2._version
+    out_q, out_k = pn.apply_rope_(q2, None, pos, config=config, offset=3)
+    assert calls() == {"rope": 2, "rope_": 1}
+    assert out_q is q2 and out_k is None and q2._version > version
+    assert torch.equal(q2, got_q)
+    general_q, _ = ops._rope(False, q, None, pos, config, None, None, None, "bshd", 3, None, None, None, None)
+    assert torch.equal(general_q, got_q)  # ops._rope is the general path: no fast path inside
+
+
 @pytest.mark.parametrize("plain_first", [False, True])
 def test_fast_path_mrope_uses_the_axis_frequencies(plain_first, monkeypatch):
     """An MRoPE config caches two CPU frequency forms (1-D inv_freq_on, the ops' [axes, pairs]); the
@@ -282,6 +310,9 @@ def _bad_decode_calls():
         ("head_dim disagrees", lambda f, c: f(q[..., :32].clone(), k[..., :32].clone(), pos, config=c)),
         ("bad layout", lambda f, c: f(q.clone(), k.clone(), pos, config=c, layout="bsdh")),
         ("k of another rank", lambda f, c: f(q.clone(), k[0].clone(), pos, config=c)),
+        ("q alone, bad layout", lambda f, c: f(q.clone(), None, pos, config=c, layout="bsdh")),
+        ("q alone of another rank", lambda f, c: f(q[0].clone(), None, pos, config=c)),
+        ("q alone, positions of another batch", lambda f, c: f(q.clone(), None, pos[:1].expand(3, 1), config=c)),
         ("q and k of another rank", lambda f, c: f(q[0].clone(), k[0].clone(), pos, config=c)),  # the op refuses
         ("offset past int64", lambda f, c: f(q.clone(), k.clone(), pos, config=c, offset=2 ** 63)),
         ("offset a float", lambda f, c: f(q.clone(), k.clone(), pos, config=c, offset=1.5)),
@@ -563,13 +594,16 @@ def test_fast_path_keeps_reference_counts():
         out = module(q, k=k, positions=pos)
         assert all(sys.getrefcount(t) == 3 for t in out)
         module(q, k, pos, 1, None)
+        out = module(q, positions=pos)  # q alone
+        assert sys.getrefcount(out[0]) == 3 and out[1] is None
+        pn.apply_rope_(q, None, pos, config=config)
         with pytest.raises(TypeError):  # declined by module_call: nn.Module.__call__ raises
             module(q, k, pos, bogus=1)
         with pytest.raises(RuntimeError):  # declined by the op, refused by the general path
             pn.apply_rope_(q, k, pos.float(), config=config)
         with pytest.raises(ValueError):  # declined by the fast path's own test
             pn.apply_rope_(q, k, pos, config=config, rotary_dim=32)
-    assert calls() == {"rope": 200, "rope_": 50, "rope_cos_sin": 50}
+    assert calls() == {"rope": 250, "rope_": 100, "rope_cos_sin": 50}
     del out
     assert [sys.getrefcount(o) for o in objects] == before
 

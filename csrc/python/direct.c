@@ -34,6 +34,7 @@ static struct {
   PyObject* cpu_keys;                /* the CPU dispatch key set, for the redispatch */
   PyObject* redispatch[N_OPS];       /* each op's OpOverload._handle.redispatch_boxed */
   PyObject* general;                 /* ops._rope: the general path of a rope call */
+  PyObject* empty_k;                 /* ops._empty_k(q, layout): the k of zero heads a q-only call passes the op */
   PyObject* nn_module;               /* torch.nn.Module, whose __call__ takes the calls module_call declines */
   PyObject* nn_module_globals;       /* torch.nn.modules.module's namespace: its global hook dicts */
   PyObject* forward_ad_globals;      /* torch.autograd.forward_ad's namespace: _current_level */
@@ -209,7 +210,8 @@ static PyObject* run(int op, PyObject* const* args, Py_ssize_t n, unsigned float
 
 /* rope_fast(in_place, q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset,
  *           cu_seqlens, rotary_dim, mrope_section, mrope_interleaved)
- * ops._rope's arguments. Takes plain CPU tensors q and k, config= (a RopeConfig whose CPU frequencies
+ * ops._rope's arguments. Takes plain CPU tensors q and k (or q alone: k None, as the general path
+ * passes the op a k of zero heads and returns None for it), config= (a RopeConfig whose CPU frequencies
  * are cached: not its first call, not a scheme that needs the sequence length) or inv_freq=, the
  * other arguments at their defaults or of their exact types, nothing to record or intercept.
  * Returns (q, k) rotated in place (their version counters bumped after the write, as
@@ -220,7 +222,8 @@ static PyObject* rope_fast(PyObject* const* a) {
   int in_place = PyObject_IsTrue(a[0]);
   int mrope_interleaved = PyObject_IsTrue(a[13]);
   if (in_place < 0 || mrope_interleaved < 0) return NULL;
-  if (fp.tensor_type == NULL || (PyObject*)Py_TYPE(q) != fp.tensor_type || (PyObject*)Py_TYPE(k) != fp.tensor_type ||
+  if (fp.tensor_type == NULL || (PyObject*)Py_TYPE(q) != fp.tensor_type ||
+      (k != Py_None && (PyObject*)Py_TYPE(k) != fp.tensor_type) ||
       !PyLong_CheckExact(offset) || a[10] != Py_None || a[11] != Py_None || a[12] != Py_None || mrope_interleaved ||
       (positions != Py_None && (PyObject*)Py_TYPE(positions) != fp.tensor_type) || !PyUnicode_CheckExact(layout))
     Py_RETURN_NONE;
@@ -256,14 +259,21 @@ static PyObject* rope_fast(PyObject* const* a) {
   }
 
   PyObject* result = NULL;
-  int ok = nothing_intercepts(in_place, q, k);
+  PyObject* k_arg = k; /* what the op gets; owned when made here */
+  if (k == Py_None && (k_arg = PyObject_CallFunctionObjArgs(fp.empty_k, q, layout, NULL)) == NULL) {
+    PyErr_Clear(); /* a layout or shape the general path explains */
+    k_arg = k;
+    result = Py_NewRef(Py_None);
+    goto done;
+  }
+  int ok = nothing_intercepts(in_place, q, k_arg);
   if (ok <= 0) {
     result = ok < 0 ? NULL : Py_NewRef(Py_None);
   } else {
     PyObject* one = NULL;
     if (attention == Py_None && (attention = one = PyFloat_FromDouble(1.0)) == NULL) goto done;
     /* the op's schema: q, k, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, inverse */
-    PyObject* args[10] = {q, k, positions, Py_None, freq, attention, pairing, layout, offset, Py_False};
+    PyObject* args[10] = {q, k_arg, positions, Py_None, freq, attention, pairing, layout, offset, Py_False};
     const int op = in_place ? ROPE_ : ROPE;
     int ran;
     /* Negative views: inv_freq= (angles would change sign), and q and k of an out-of-place call (the
@@ -276,14 +286,20 @@ static PyObject* rope_fast(PyObject* const* a) {
       fp.taken[op] += 1;
       if (in_place) { /* after the write, as ADInplaceOrView does; returns (q, k) */
         Py_DECREF(result);
-        result = PyTuple_Pack(2, q, k);
-        PyObject* bumped = result ? PyObject_CallFunctionObjArgs(fp.increment_version, result, NULL) : NULL;
-        if (bumped == NULL) Py_CLEAR(result);
+        PyObject* written = PyTuple_Pack(2, q, k_arg);
+        PyObject* bumped = written ? PyObject_CallFunctionObjArgs(fp.increment_version, written, NULL) : NULL;
+        result = bumped ? PyTuple_Pack(2, q, k) : NULL;
+        Py_XDECREF(written);
         Py_XDECREF(bumped);
+      } else if (k == Py_None && result != NULL && PyTuple_Check(result)) { /* (q_out, None) */
+        PyObject* both = result;
+        result = PyTuple_Pack(2, PyTuple_GetItem(both, 0), Py_None);
+        Py_DECREF(both);
       }
     }
   }
 done:
+  if (k_arg != k) Py_DECREF(k_arg);
   Py_XDECREF(plain);
   return result;
 }
@@ -442,7 +458,7 @@ static int take(PyObject* dict, const char* key, PyObject** slot) {
 
 /* bind(library_path, objects: dict) -> bool: whether the kernels run through the direct entry
  * (else through the redispatch). objects: tensor, config, intercepting (a tuple of callables),
- * inference_mode, increment_version, cpu_keys, general (ops._rope), nn_module, nn_module_globals,
+ * inference_mode, increment_version, cpu_keys, general (ops._rope), empty_k, nn_module, nn_module_globals,
  * forward_ad_globals, and each op's
  * redispatch under its name. */
 static PyObject* bind(PyObject* module, PyObject* args) {
@@ -453,6 +469,7 @@ static PyObject* bind(PyObject* module, PyObject* args) {
   if (!take(objects, "tensor", &fp.tensor_type) || !take(objects, "config", &fp.config_type) ||
       !take(objects, "inference_mode", &fp.inference_mode) || !take(objects, "increment_version", &fp.increment_version) ||
       !take(objects, "cpu_keys", &fp.cpu_keys) || !take(objects, "general", &fp.general) ||
+      !take(objects, "empty_k", &fp.empty_k) ||
       !take(objects, "nn_module", &fp.nn_module) || !take(objects, "nn_module_globals", &fp.nn_module_globals) ||
       !take(objects, "forward_ad_globals", &fp.forward_ad_globals) ||
       !take(objects, "intercepting", &intercepting))

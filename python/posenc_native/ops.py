@@ -211,6 +211,22 @@ def _empty_k(q: torch.Tensor, layout: str) -> torch.Tensor:
     return q.new_empty(shape)
 
 
+_EMPTY_KS: dict = {}
+
+
+def _empty_k_reused(q: torch.Tensor, layout: str) -> torch.Tensor:
+    """_empty_k for the decode fast path (eager calls only): one k of zero heads per shape, dtype,
+    device and layout, kept (a q-only decode step would otherwise spend a quarter of its time
+    allocating it). Holding no elements, it is never written; at most 64 are kept."""
+    key = (q.shape, q.dtype, q.device, layout)
+    k = _EMPTY_KS.get(key)
+    if k is None:
+        if len(_EMPTY_KS) >= 64:
+            _EMPTY_KS.clear()
+        k = _EMPTY_KS[key] = _empty_k(q, layout)
+    return k
+
+
 def rope_seq_len(config: "RopeConfig", q: torch.Tensor, positions: Optional[torch.Tensor], layout: str,
                  offset: int = 0, cu_seqlens: Optional[torch.Tensor] = None) -> Optional[int]:
     """The sequence length that dynamic NTK and LongRoPE frequencies depend on (the largest
@@ -271,6 +287,7 @@ try:
         "nn_module": torch.nn.Module, "nn_module_globals": vars(torch.nn.modules.module),
         "forward_ad_globals": vars(torch.autograd.forward_ad),  # _current_level >= 0: a dual level is active
         "cpu_keys": torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), "general": lambda *args: _rope(*args),  # (defined below)
+        "empty_k": _empty_k_reused,
         **{name: getattr(torch.ops.posenc, name).default._handle.redispatch_boxed
            for name in ("rope", "rope_", "rope_cos_sin")},
     }

@@ -81,22 +81,32 @@ POSENC_HD void sincos_row(double position, const double* __restrict__ freq, int6
 
 namespace posenc {
 
-// Advances every (sin, cos) of a row from angle t_i to t_i + step_i by the angle-addition formulas
-// (a rotation by step_i, kept in float64), and hands each advanced pair to write(i, sin, cos) (in
-// float64; a no-op where only the state is wanted). Consecutive positions cost a few multiply-adds
-// instead of a sin/cos each; in float64 the error grows by ~1e-16 a step, so a row computed directly
-// every few dozen steps keeps the result as exact as sincos_of.
-template <typename Write>
+// One pair's (sin, cos) advanced from angle t to t + step: the angle-addition formulas (a rotation
+// by step, kept in float64).
+POSENC_HD void advance_sincos(double& s, double& c, double step_sin, double step_cos) {
+  const double s2 = s * step_cos + c * step_sin;
+  const double c2 = c * step_cos - s * step_sin;
+  s = s2;
+  c = c2;
+}
+
+// Advances every (sin, cos) of a row from angle t_i to t_i + step_i (advance_sincos); with
+// kWriteMath also writes them times `amplitude` in the math type. Consecutive positions cost a few
+// multiply-adds instead of a sin/cos each; in float64 the error grows by ~1e-16 a step, so a row
+// computed directly every few dozen steps keeps the result as exact as sincos_of.
+template <bool kWriteMath, typename M>
 POSENC_HD void advance_sincos_row(double* __restrict__ sin_state, double* __restrict__ cos_state,
                                   const double* __restrict__ step_sin, const double* __restrict__ step_cos, int64_t n,
-                                  const Write& write) {
+                                  M amplitude, M* __restrict__ sin_out, M* __restrict__ cos_out) {
   for (int64_t i = 0; i < n; ++i) {
-    const double s = sin_state[i], c = cos_state[i];
-    const double s2 = s * step_cos[i] + c * step_sin[i];
-    const double c2 = c * step_cos[i] - s * step_sin[i];
-    sin_state[i] = s2;
-    cos_state[i] = c2;
-    write(i, s2, c2);
+    double s = sin_state[i], c = cos_state[i];
+    advance_sincos(s, c, step_sin[i], step_cos[i]);
+    sin_state[i] = s;
+    cos_state[i] = c;
+    if constexpr (kWriteMath) {
+      sin_out[i] = static_cast<M>(s) * amplitude;
+      cos_out[i] = static_cast<M>(c) * amplitude;
+    }
   }
 }
 

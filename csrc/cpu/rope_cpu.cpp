@@ -69,6 +69,23 @@ inline void rotate_heads_uniform(const RopeProblem& p, const RopeOperand& o, int
   }
 }
 
+// The factor rows as an angle stream's output (sincos_stream.h): written in the pass that forms the
+// angles (core/rope.h), or from the stream's math rows.
+template <bool kInterleaved, bool kInverse, typename M>
+struct FactorRows {
+  M* C;
+  M* S;
+  void advance(double* ss, double* cs, const double* step_s, const double* step_c, int64_t pairs, M amplitude) const {
+    advance_factor_rows<kInterleaved, kInverse>(ss, cs, step_s, step_c, pairs, amplitude, C, S);
+  }
+  void from_state(const double* ss, const double* cs, int64_t pairs, M amplitude) const {
+    factor_rows_from_state<kInterleaved, kInverse>(ss, cs, pairs, amplitude, C, S);
+  }
+  void from_math(const M* s, const M* c, int64_t pairs) const {
+    factor_rows_from_math<kInterleaved, kInverse>(s, c, pairs, C, S);
+  }
+};
+
 // Tokens [begin, end): per token the factor rows of every pair, then every q and k head rotated with them.
 template <typename T, bool kInterleaved, bool kInverse>
 POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, OrderFactorsFn order,
@@ -105,18 +122,22 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
       const int64_t b = t == now ? tb : t / p.seq, s = t == now ? ts : t % p.seq;
       for (int64_t a = 0; a < p.n_axes; ++a) out[a] = static_cast<double>(p.position(b, s, a));
     };
-    // The factor rows are written as the stream forms each pair (sincos_stream.h).
-    const auto factor_rows = [&](int64_t i, M s, M c) { set_factors<kInterleaved, kInverse>(C, S, pairs, i, c, s, c, s); };
+    const FactorRows<kInterleaved, kInverse, M> factor_rows{C, S};
+    // Interleaved rows get their factor rows in the stream's own pass. Half-split rows keep the
+    // stream's math rows (the uniform kernels read them): a second stream output in this function
+    // cost the half-split loop registers, ~12 ns a token (benchmarks/RESULTS.md).
     for (; now < end; ++now, next_token()) {
-      if constexpr (!kInterleaved) {
+      if constexpr (kInterleaved) {
+        angles.at(now, position_of, factor_rows);
+      } else {
+        angles.at(now, position_of);
         if (uniform_rows) {
-          angles.at(now, position_of);
           rotate_heads_uniform<kInverse, T>(p, p.q, tb, ts, angles.cos(), angles.sin(), uniform);
           rotate_heads_uniform<kInverse, T>(p, p.k, tb, ts, angles.cos(), angles.sin(), uniform);
           continue;
         }
+        factor_rows.from_math(angles.sin(), angles.cos(), pairs);
       }
-      angles.at(now, position_of, factor_rows);
       rotate_token(tb, ts);
     }
     return;

@@ -55,9 +55,12 @@ enum RowSlot { kStreamMath, kStreamF64, kStreamSteps, kFactorRows };
 // other row is direct.
 //
 // Each row's values (sin and cos times the amplitude, in M) go where the consumer wants them: to
-// sin() and cos() by default, or, given an output out(i, sin, cos), written through it as they are
-// formed (the RoPE loop's factor rows, core/rope.h set_factors), which saves that consumer a pass
-// over the row per token: 2-3% of an fp16 interleaved prefill (benchmarks/RESULTS.md).
+// sin() and cos() by default, or to an output of the consumer's, a type with two row loops:
+//   advance(sin_state, cos_state, step_sin, step_cos, n, amplitude): advance the float64 state a
+//     step (advance_sincos) and write the row, in one pass;
+//   from_state(sin_state, cos_state, n, amplitude): write the row from the state as it stands.
+// The RoPE loop passes its interleaved factor rows (cpu/rope_cpu.cpp), which saves it a pass over
+// each token's row (benchmarks/RESULTS.md).
 template <typename M>
 class SinCosStream {
  public:
@@ -91,8 +94,7 @@ class SinCosStream {
     }
   }
 
-  // The same, with the row's values handed to out(i, sin, cos) (M, times the amplitude) instead:
-  // sin() and cos() are then not the row's.
+  // The same, with the row written to out (see above) instead: sin() and cos() are then not the row's.
   template <typename PositionOf, typename Out>
   void at(int64_t row, const PositionOf& position_of, const Out& out) {
     positions_of(position_of, row, current_);
@@ -121,24 +123,33 @@ class SinCosStream {
   const M* cos() const { return cos_; }
 
  private:
-  // Outputs of a row (at): none past the float64 state (math_rows = false, and the replayed rows);
-  // sin_ and cos_, the rows sin() and cos() hand out.
-  struct StateOnly {};
+  // The stream's own outputs (see above): none past the float64 state (math_rows = false, and the
+  // replayed rows); sin_ and cos_, the rows sin() and cos() hand out.
+  struct StateOnly {
+    void advance(double* ss, double* cs, const double* step_s, const double* step_c, int64_t n, M amplitude) const {
+      advance_sincos_row<false>(ss, cs, step_s, step_c, n, amplitude, static_cast<M*>(nullptr), static_cast<M*>(nullptr));
+    }
+    void from_state(const double*, const double*, int64_t, M) const {}
+  };
   struct MathRows {
     M* sin;
     M* cos;
-    void operator()(int64_t i, M s, M c) const { sin[i] = s, cos[i] = c; }
+    void advance(double* ss, double* cs, const double* step_s, const double* step_c, int64_t n, M amplitude) const {
+      advance_sincos_row<true>(ss, cs, step_s, step_c, n, amplitude, sin, cos);
+    }
+    void from_state(const double* ss, const double* cs, int64_t n, M amplitude) const {
+      math_rows_from_state(ss, cs, n, amplitude, sin, cos);
+    }
   };
+  static void math_rows_from_state(const double* __restrict__ ss, const double* __restrict__ cs, int64_t n,
+                                   M amplitude, M* __restrict__ sin, M* __restrict__ cos) {
+    for (int64_t i = 0; i < n; ++i) {
+      sin[i] = static_cast<M>(ss[i]) * amplitude;
+      cos[i] = static_cast<M>(cs[i]) * amplitude;
+    }
+  }
   template <typename Out>
   static constexpr bool kStateOnly = std::is_same_v<Out, StateOnly>;
-
-  // out(i, ...) for a row of the float64 state, times the amplitude. restrict: the stores through
-  // out cannot change the state, so the loop vectorizes.
-  template <typename Out>
-  static void write_row(const double* __restrict__ s, const double* __restrict__ c, int64_t n, M amplitude,
-                        const Out& out) {
-    for (int64_t i = 0; i < n; ++i) out(i, static_cast<M>(s[i]) * amplitude, static_cast<M>(c[i]) * amplitude);
-  }
 
   // Rows of whole cache lines (16 elements: 64 bytes of float), so every row starts on one.
   static int64_t padded(int64_t count) { return (count + 15) / 16 * 16; }
@@ -194,7 +205,7 @@ class SinCosStream {
     if constexpr (!kStateOnly<Out>) {
       constexpr bool kMath = std::is_same_v<Out, MathRows>;
       if (kMath && math_current_) return;
-      write_row(sin_state_, cos_state_, n_, amplitude_, out);
+      out.from_state(sin_state_, cos_state_, n_, amplitude_);
       math_current_ = kMath;
     }
   }
@@ -217,7 +228,7 @@ class SinCosStream {
     }
     math_current_ = true;
     if constexpr (!kStateOnly<Out> && !std::is_same_v<Out, MathRows>) {
-      write_row(sin_state_, cos_state_, n_, amplitude_, out);  // sin_[i] and cos_[i]'s bits (the state is theirs)
+      out.from_state(sin_state_, cos_state_, n_, amplitude_);  // sin_[i] and cos_[i]'s bits (the state is theirs)
     }
   }
 
@@ -245,14 +256,7 @@ class SinCosStream {
       }
       step_ready_[a] = 1;
     }
-    if constexpr (kStateOnly<Out>) {
-      advance_sincos_row(sin_state_, cos_state_, ss, sc, n_, [](int64_t, double, double) {});
-    } else {
-      const M amplitude = amplitude_;
-      advance_sincos_row(sin_state_, cos_state_, ss, sc, n_, [&out, amplitude](int64_t i, double s, double c) {
-        out(i, static_cast<M>(s) * amplitude, static_cast<M>(c) * amplitude);
-      });
-    }
+    out.advance(sin_state_, cos_state_, ss, sc, n_, amplitude_);
     math_current_ = std::is_same_v<Out, MathRows>;
   }
 

@@ -274,6 +274,26 @@ def test_q_alone_takes_the_fast_path(interleaved, dtype):
     assert torch.equal(general_q, got_q)  # ops._rope is the general path: no fast path inside
 
 
+def test_q_alone_after_inference_mode_keeps_the_fast_path():
+    """The zero-head k kept for q-only calls is an ordinary tensor even when first made in
+    inference mode, so later in-place calls outside it still take the fast path, with the same
+    results."""
+    config = _config()
+    _warm(config)
+    q, _, pos = _decode_inputs()
+    ops._EMPTY_KS.clear()
+    with torch.inference_mode():
+        q_inf = q.clone()
+        pn.apply_rope_(q_inf, None, pos, config=config)
+    calls = _watch_fast_path()
+    q2 = q.clone()
+    pn.apply_rope_(q2, None, pos, config=config)
+    assert calls() == {"rope_": 1}
+    assert torch.equal(q2, q_inf)
+    want, _ = reference.apply_rope(q.double(), None, pos, config)
+    torch.testing.assert_close(q2.double(), want, atol=2e-6, rtol=0)
+
+
 @pytest.mark.parametrize("plain_first", [False, True])
 def test_fast_path_mrope_uses_the_axis_frequencies(plain_first, monkeypatch):
     """An MRoPE config caches two CPU frequency forms (1-D inv_freq_on, the ops' [axes, pairs]); the

@@ -217,13 +217,16 @@ _EMPTY_KS: dict = {}
 def _empty_k_reused(q: torch.Tensor, layout: str) -> torch.Tensor:
     """_empty_k for the decode fast path (eager calls only): one k of zero heads per shape, dtype,
     device and layout, kept (a q-only decode step would otherwise spend a quarter of its time
-    allocating it). Holding no elements, it is never written; at most 64 are kept."""
+    allocating it). Holding no elements, it is never written; at most 64 are kept. Made outside
+    inference mode even when called in it: an inference tensor could not be written in place outside
+    it, and every later q-only call in place would leave the fast path."""
     key = (q.shape, q.dtype, q.device, layout)
     k = _EMPTY_KS.get(key)
     if k is None:
         if len(_EMPTY_KS) >= 64:
             _EMPTY_KS.clear()
-        k = _EMPTY_KS[key] = _empty_k(q, layout)
+        with torch.inference_mode(False):
+            k = _EMPTY_KS[key] = _empty_k(q, layout)
     return k
 
 

@@ -129,7 +129,6 @@ class SinCosStream {
     void advance(double* ss, double* cs, const double* step_s, const double* step_c, int64_t n, M amplitude) const {
       advance_sincos_row<false>(ss, cs, step_s, step_c, n, amplitude, static_cast<M*>(nullptr), static_cast<M*>(nullptr));
     }
-    void from_state(const double*, const double*, int64_t, M) const {}
   };
   struct MathRows {
     M* sin;

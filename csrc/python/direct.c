@@ -288,7 +288,7 @@ static PyObject* rope_fast(PyObject* const* a) {
         Py_DECREF(result);
         PyObject* written = PyTuple_Pack(2, q, k_arg);
         PyObject* bumped = written ? PyObject_CallFunctionObjArgs(fp.increment_version, written, NULL) : NULL;
-        result = bumped ? PyTuple_Pack(2, q, k) : NULL;
+        result = bumped == NULL ? NULL : k_arg == k ? Py_NewRef(written) : PyTuple_Pack(2, q, k);
         Py_XDECREF(written);
         Py_XDECREF(bumped);
       } else if (k == Py_None && result != NULL && PyTuple_Check(result)) { /* (q_out, None) */

@@ -28,6 +28,15 @@ std::string cpu_path() {
     return "invalid POSENC_CPU_ISA";
   }
 }
+// Whether its SIMD kernels prefetch (csrc/cpu/isa.h): "true", "false", or null for an invalid
+// POSENC_CPU_PREFETCH.
+std::string cpu_prefetch() {
+  try {
+    return cpu::cpu_prefetch() ? "true" : "false";
+  } catch (const std::exception&) {
+    return "null";
+  }
+}
 }  // namespace
 
 std::string build_info_json() {
@@ -40,7 +49,8 @@ std::string build_info_json() {
     << ", \"cuda_version\": \"" << (cuda ? cuda->cuda_version : "") << "\", \"cuda_archs\": \""
     << (cuda ? cuda->cuda_archs : "") << "\", \"cxx_compiler\": \"" << POSENC_CXX_COMPILER
     << "\", \"cuda_compiler\": \"" << (cuda ? cuda->cuda_compiler : "") << "\", \"cxx11_abi\": "
-    << _GLIBCXX_USE_CXX11_ABI << ", \"cplusplus\": " << __cplusplus << ", \"cpu_isa\": \"" << cpu_path() << "\"}";
+    << _GLIBCXX_USE_CXX11_ABI << ", \"cplusplus\": " << __cplusplus << ", \"cpu_isa\": \"" << cpu_path()
+    << "\", \"cpu_prefetch\": " << cpu_prefetch() << "}";
   return s.str();
 }
 

@@ -1,7 +1,8 @@
 """The CPU RoPE kernels have one SIMD body per instruction set (csrc/cpu/isa.h: avx2, avx512,
 avx512bf16) and a portable loop; POSENC_CPU_ISA caps the path. The float64-reference tests exercise
 whichever path this CPU takes; these tests run the same problems on every path this CPU has, each in
-its own process, and require the portable path's bits.
+its own process, and require the portable path's bits, with the SIMD kernels' software prefetch
+(POSENC_CPU_PREFETCH) on and off: it is on by default on Intel CPUs only, and must change no bits.
 
 Known exceptions, avoided by these inputs (random normal values): NaN payloads (F16C and
 vcvtneps2bf16 keep them, the portable conversions write one canonical NaN) and, on avx512bf16, bf16
@@ -20,7 +21,7 @@ PATHS = ("portable", "avx2", "avx512", "avx512bf16")
 
 SCRIPT = r"""
 import sys, torch, posenc_native as pn
-print(pn.build_info()["cpu_isa"])
+print(pn.build_info()["cpu_isa"], pn.build_info()["cpu_prefetch"])
 g = torch.Generator().manual_seed(0)
 out = []
 for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -54,16 +55,24 @@ def _env(**set_vars: str) -> dict:
     env = dict(os.environ)
     env.pop("POSENC_CPU_PORTABLE", None)
     env.pop("POSENC_CPU_ISA", None)
+    env.pop("POSENC_CPU_PREFETCH", None)
     env.update(set_vars)
     return env
 
 
 def _run(tmp_path: Path, name: str, env: dict) -> tuple[str, list]:
+    """(the path taken, its outputs); _run_prefetch also gives whether it prefetched."""
+    taken, _, out = _run_prefetch(tmp_path, name, env)
+    return taken, out
+
+
+def _run_prefetch(tmp_path: Path, name: str, env: dict) -> tuple[str, str, list]:
     path = tmp_path / f"{name}.pt"
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(path)], env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout.split()[0], torch.load(path)
+    taken, prefetch = proc.stdout.split()[:2]
+    return taken, prefetch, torch.load(path)
 
 
 @pytest.fixture(scope="module")
@@ -73,11 +82,13 @@ def portable(tmp_path_factory) -> list:
     return out
 
 
+@pytest.mark.parametrize("prefetch", ("0", "1"))
 @pytest.mark.parametrize("path", PATHS[1:])
-def test_every_simd_path_equals_portable(tmp_path, portable, path):
-    taken, out = _run(tmp_path, path, _env(POSENC_CPU_ISA=path))
+def test_every_simd_path_equals_portable(tmp_path, portable, path, prefetch):
+    taken, prefetched, out = _run_prefetch(tmp_path, path, _env(POSENC_CPU_ISA=path, POSENC_CPU_PREFETCH=prefetch))
     if taken != path:
         pytest.skip(f"this CPU or build has no {path} path (capped to {taken})")
+    assert prefetched == {"0": "False", "1": "True"}[prefetch]
     assert len(out) == len(portable) > 0
     for i, (a, b) in enumerate(zip(out, portable)):
         assert a.dtype == b.dtype and a.abs().sum() > 0
@@ -100,6 +111,26 @@ def test_default_path_is_the_best_available(tmp_path):
     elif " avx2" in flags and " fma" in flags and " f16c" in flags and "avx512bw" not in flags:
         assert proc.stdout.strip() == "avx2"
     assert proc.stdout.strip() in PATHS
+
+
+def test_prefetch_default_follows_the_vendor():
+    proc = subprocess.run([sys.executable, "-c", "import posenc_native as pn; print(pn.build_info()['cpu_prefetch'])"],
+                          env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    vendor = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("vendor_id")), "")
+    assert proc.stdout.strip() == str(vendor == "GenuineIntel")
+
+
+def test_bad_prefetch_value_is_a_clear_error():
+    code = ("import torch, posenc_native as pn\n"
+            "q = torch.randn(1, 4, 2, 8)\n"
+            "inv = torch.ones(4, dtype=torch.float64)\n"
+            "pn.apply_rope(q, q.clone(), inv_freq=inv)\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=_env(POSENC_CPU_PREFETCH="yes"),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "POSENC_CPU_PREFETCH=yes" in proc.stderr and "0 or 1" in proc.stderr
 
 
 def test_unknown_isa_name_is_a_clear_error(tmp_path):

@@ -16,13 +16,13 @@ Isa detected() {
   Isa best = Isa::Portable;
 #if defined(__x86_64__) && defined(__GNUC__)
   __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && row_kernels_avx2();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && row_kernels_avx2(false);
   // F16C has no __builtin_cpu_supports name in GCC 12; every AVX2 CPU shipped so far has it, and
   // AVX-512F implies it. A hypothetical AVX2 CPU without it: set POSENC_CPU_ISA=portable.
   const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                      row_kernels_avx512();
-  const bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16") && row_kernels_avx512bf16();
+                      row_kernels_avx512(false);
+  const bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16") && row_kernels_avx512bf16(false);
   best = bf16 ? Isa::Avx512Bf16 : avx512 ? Isa::Avx512 : avx2 ? Isa::Avx2 : Isa::Portable;
 #endif
   return best;
@@ -53,11 +53,29 @@ Isa cpu_isa() {
 
 const char* isa_name(Isa isa) { return kNames[static_cast<int>(isa)]; }
 
+bool cpu_prefetch() {
+  static const bool chosen = [] {
+    const char* want = std::getenv("POSENC_CPU_PREFETCH");
+    if (want && *want) {
+      if (std::strcmp(want, "0") == 0 || std::strcmp(want, "1") == 0) return want[0] == '1';
+      posenc::fail("posenc: environment variable POSENC_CPU_PREFETCH=", want, " is not 0 or 1");
+    }
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return __builtin_cpu_is("intel") != 0;
+#else
+    return false;
+#endif
+  }();
+  return chosen;
+}
+
 const RowKernels* row_kernels(Isa isa) {
+  const bool prefetch = cpu_prefetch();  // first: a bad POSENC_CPU_PREFETCH is refused on every path
   switch (isa) {
-    case Isa::Avx2: return row_kernels_avx2();
-    case Isa::Avx512: return row_kernels_avx512();
-    case Isa::Avx512Bf16: return row_kernels_avx512bf16();
+    case Isa::Avx2: return row_kernels_avx2(prefetch);
+    case Isa::Avx512: return row_kernels_avx512(prefetch);
+    case Isa::Avx512Bf16: return row_kernels_avx512bf16(prefetch);
     default: return nullptr;
   }
 }

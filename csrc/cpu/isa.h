@@ -11,6 +11,11 @@
 // once per process), so every path can be run and compared on a CPU that has it;
 // POSENC_CPU_PORTABLE=1 is the older spelling of POSENC_CPU_ISA=portable.
 //
+// Each SIMD path has its kernels twice, with and without software prefetch of the rows ahead
+// (simd_rows.h, prefetch_ahead). Prefetch is on by default on Intel CPUs, where it measured faster,
+// and off elsewhere (AMD Zen 4 measured slower with it); POSENC_CPU_PREFETCH=0|1 overrides. It
+// changes no bits.
+//
 // fp16 and float32 rows on the AVX-512 paths use 256-bit vectors (simd_rows.h, RowIsa): they
 // measured faster than 512-bit ones on AMD Zen 4 (which executes 512-bit operations as two halves).
 //
@@ -52,16 +57,20 @@ struct RowKernels {
   RotateUniformFn uniform[3][2];     // [RowDtype][inverse], half-split; nullptr where rotate[.][0] measured faster
 };
 
-// The row kernels of each SIMD path, or nullptr where this build has none (rows_*.cpp).
-const RowKernels* row_kernels_avx2();
-const RowKernels* row_kernels_avx512();
-const RowKernels* row_kernels_avx512bf16();
+// The row kernels of each SIMD path, with or without prefetch, or nullptr where this build has none
+// (rows_*.cpp).
+const RowKernels* row_kernels_avx2(bool prefetch);
+const RowKernels* row_kernels_avx512(bool prefetch);
+const RowKernels* row_kernels_avx512bf16(bool prefetch);
 
 // The path the kernels take: the best this CPU and build have, capped by POSENC_CPU_ISA (isa.cpp).
 // Throws on a POSENC_CPU_ISA value that is not one of the names above.
 Isa cpu_isa();
 const char* isa_name(Isa isa);
-// The kernels of `isa` (nullptr for Portable).
+// Whether the SIMD kernels prefetch (above); read once per process. Throws on a POSENC_CPU_PREFETCH
+// value other than 0 or 1.
+bool cpu_prefetch();
+// The kernels of `isa` (nullptr for Portable), with prefetch as cpu_prefetch() says.
 const RowKernels* row_kernels(Isa isa);
 
 }  // namespace posenc::cpu

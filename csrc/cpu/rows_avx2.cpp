@@ -3,9 +3,9 @@
 
 namespace posenc::cpu {
 
-const RowKernels* row_kernels_avx2() {
+const RowKernels* row_kernels_avx2(bool prefetch) {
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
-  return &kRowKernels<Avx2>;
+  return kRowKernelsByPrefetch<Avx2>[prefetch];
 #else
   return nullptr;  // a build without this instruction set
 #endif

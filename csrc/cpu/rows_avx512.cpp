@@ -3,9 +3,9 @@
 
 namespace posenc::cpu {
 
-const RowKernels* row_kernels_avx512() {
+const RowKernels* row_kernels_avx512(bool prefetch) {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
-  return &kRowKernels<Avx512>;
+  return kRowKernelsByPrefetch<Avx512>[prefetch];
 #else
   return nullptr;  // a build without this instruction set
 #endif

@@ -3,9 +3,9 @@
 
 namespace posenc::cpu {
 
-const RowKernels* row_kernels_avx512bf16() {
+const RowKernels* row_kernels_avx512bf16(bool prefetch) {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && defined(__AVX512BF16__)
-  return &kRowKernels<Avx512Bf16>;
+  return kRowKernelsByPrefetch<Avx512Bf16>[prefetch];
 #else
   return nullptr;  // a build without this instruction set
 #endif

@@ -230,6 +230,22 @@ template <class I, class IO, int K, typename T, typename F>
   }
 }
 
+// Software prefetch (isa.h, cpu_prefetch): the lines kPrefetchAhead bytes past the `bytes` a step
+// reads at p, a token's rows being read in address order (and the next token's after them). On Intel
+// servers one core's bandwidth is bound by the misses it keeps in flight, and a rotation step has more
+// instructions than the floor's multiply, so fewer of its loads are in flight: with this, float32 rows
+// went from 1.10-1.45x to 0.8-0.9x the in-place floor (benchmarks/RESULTS.md). AMD Zen 4 measured slower
+// with it. A prefetch never faults, so one past the tensor's end is harmless.
+constexpr int kPrefetchAhead = 2048;
+
+template <bool kPrefetch, typename T>
+[[gnu::always_inline]] inline void prefetch_ahead(const T* p, int bytes) {
+  if constexpr (kPrefetch) {
+    const char* ahead = reinterpret_cast<const char*>(p) + kPrefetchAhead;
+    for (int b = 0; b < bytes; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+  }
+}
+
 // K vectors of one row from element j: out[j] = x[j] * C[j] + x[partner(j)] * S[j] (core/rope.h,
 // rotate_row). Interleaved, j runs over the row and the partner vector is x with each pair swapped;
 // half-split, j runs over the first half and the partner of a = row[j] is b = row[j + pairs].
@@ -237,13 +253,16 @@ template <class I, class IO, int K, typename T, typename F>
 // interleaved partner of one is the other, and the factor rows are in that order (even_odd_factors).
 // Always inlined: GCC otherwise keeps the two-vector step as a call per step (seen in a profile),
 // about 10% of the fp32 time.
-template <class I, class D, bool kInterleaved, int K>
+template <class I, class D, bool kInterleaved, bool kPrefetch, int K>
 [[gnu::always_inline]] inline void rotate_block(const typename D::T* src, typename D::T* dst, int64_t j, int64_t pairs, const float* C,
                          const float* S) {
   using IO = Io<I, D>;
   constexpr int W = I::kLanes;
   constexpr bool kEo = K == 2 && kEvenOdd<IO>;
   typename I::F a[K], b[K], out_a[K], out_b[K];
+  constexpr int kBytes = K * W * sizeof(typename D::T);
+  prefetch_ahead<kPrefetch>(src + j, kBytes);
+  if constexpr (!kInterleaved) prefetch_ahead<kPrefetch>(src + pairs + j, kBytes);
   load_n<I, IO>(src + j, a);
   if constexpr (!kInterleaved) load_n<I, IO>(src + pairs + j, b);
   for (int k = 0; k < K; ++k) {
@@ -262,7 +281,7 @@ template <class I, class D, bool kInterleaved, int K>
 
 // The row kernel (isa.h, RotateRowFn): two vectors per step (fewer loop instructions, and 16-bit
 // types move two vectors per load and store), then single vectors; returns the pairs done per row.
-template <class I, class D, bool kInterleaved>
+template <class I, class D, bool kInterleaved, bool kPrefetch>
 int64_t rotate_row_simd(const void* src_v, void* dst_v, int64_t rows, int64_t src_stride, int64_t dst_stride,
                         int64_t pairs, const float* C, const float* S) {
   using T = typename D::T;
@@ -273,8 +292,8 @@ int64_t rotate_row_simd(const void* src_v, void* dst_v, int64_t rows, int64_t sr
   for (int64_t r = 0; r < rows; ++r) {
     const T* src = static_cast<const T*>(src_v) + r * src_stride;
     T* dst = static_cast<T*>(dst_v) + r * dst_stride;
-    for (int64_t j = 0; j < twos; j += 2 * W) rotate_block<I, D, kInterleaved, 2>(src, dst, j, pairs, C, S);
-    for (int64_t j = twos; j < full; j += W) rotate_block<I, D, kInterleaved, 1>(src, dst, j, pairs, C, S);
+    for (int64_t j = 0; j < twos; j += 2 * W) rotate_block<I, D, kInterleaved, kPrefetch, 2>(src, dst, j, pairs, C, S);
+    for (int64_t j = twos; j < full; j += W) rotate_block<I, D, kInterleaved, kPrefetch, 1>(src, dst, j, pairs, C, S);
   }
   return kInterleaved ? full / 2 : full;
 }
@@ -283,11 +302,13 @@ int64_t rotate_row_simd(const void* src_v, void* dst_v, int64_t rows, int64_t sr
 // (core/rope.h, rotate_row_uniform: a*c - b*s, b*c + a*s, the inverse with the signs swapped; the
 // same bits as rotate_row with set_factors, since adding b * (-s) is subtracting b * s). Plain
 // per-vector loads and stores: an even/odd policy would need its factors reordered.
-template <class I, class D, bool kInverse, int K>
+template <class I, class D, bool kInverse, bool kPrefetch, int K>
 [[gnu::always_inline]] inline void rotate_block_uniform(const typename D::T* src, typename D::T* dst, int64_t j,
                                                         int64_t pairs, const float* c, const float* s) {
   using IO = Io<I, D>;
   constexpr int W = I::kLanes;
+  prefetch_ahead<kPrefetch>(src + j, K * W * sizeof(typename D::T));
+  prefetch_ahead<kPrefetch>(src + pairs + j, K * W * sizeof(typename D::T));
   for (int k = 0; k < K; ++k) {
     const int64_t e = j + k * W;
     const auto a = IO::load(src + e), b = IO::load(src + pairs + e);
@@ -302,7 +323,7 @@ template <class I, class D, bool kInverse, int K>
   }
 }
 
-template <class I, class D, bool kInverse>
+template <class I, class D, bool kInverse, bool kPrefetch>
 int64_t rotate_row_simd_uniform(const void* src_v, void* dst_v, int64_t rows, int64_t src_stride, int64_t dst_stride,
                                 int64_t pairs, const float* c, const float* s) {
   using T = typename D::T;
@@ -312,8 +333,8 @@ int64_t rotate_row_simd_uniform(const void* src_v, void* dst_v, int64_t rows, in
   for (int64_t r = 0; r < rows; ++r) {
     const T* src = static_cast<const T*>(src_v) + r * src_stride;
     T* dst = static_cast<T*>(dst_v) + r * dst_stride;
-    for (int64_t j = 0; j < twos; j += 2 * W) rotate_block_uniform<I, D, kInverse, 2>(src, dst, j, pairs, c, s);
-    for (int64_t j = twos; j < full; j += W) rotate_block_uniform<I, D, kInverse, 1>(src, dst, j, pairs, c, s);
+    for (int64_t j = 0; j < twos; j += 2 * W) rotate_block_uniform<I, D, kInverse, kPrefetch, 2>(src, dst, j, pairs, c, s);
+    for (int64_t j = twos; j < full; j += W) rotate_block_uniform<I, D, kInverse, kPrefetch, 1>(src, dst, j, pairs, c, s);
   }
   return full;
 }
@@ -321,10 +342,10 @@ int64_t rotate_row_simd_uniform(const void* src_v, void* dst_v, int64_t rows, in
 // fp16 and float32: against the in-place memory floor they measured faster than the factor rows
 // (fp16 ~5-10%, benchmarks/micro/rope_rows.cpp; float32 ~17% on cache-resident decode batches and as
 // fast from DRAM, benchmarks/RESULTS.md); bf16 keeps its even/odd rows.
-template <class I, class D>
+template <class I, class D, bool kPrefetch>
 constexpr RotateUniformFn kUniform[2] = {
-    std::is_same_v<D, BFloat16> ? nullptr : rotate_row_simd_uniform<I, D, false>,
-    std::is_same_v<D, BFloat16> ? nullptr : rotate_row_simd_uniform<I, D, true>};
+    std::is_same_v<D, BFloat16> ? nullptr : rotate_row_simd_uniform<I, D, false, kPrefetch>,
+    std::is_same_v<D, BFloat16> ? nullptr : rotate_row_simd_uniform<I, D, true, kPrefetch>};
 
 // isa.h, OrderFactorsFn: for an even/odd policy, the factor entries its two-vector steps read
 // (blocks of 2W from the start of the row, or of each half) reordered as (even elements, odd
@@ -342,8 +363,8 @@ void even_odd_factors(float* C, float* S, int64_t pairs) {
   }
 }
 
-template <class I, class D>
-constexpr RotateRowFn kRotate[2] = {rotate_row_simd<I, D, false>, rotate_row_simd<I, D, true>};
+template <class I, class D, bool kPrefetch>
+constexpr RotateRowFn kRotate[2] = {rotate_row_simd<I, D, false, kPrefetch>, rotate_row_simd<I, D, true, kPrefetch>};
 
 template <class I, class D, bool kInterleaved>
 constexpr OrderFactorsFn order_factors() {
@@ -383,18 +404,23 @@ struct RowIsa<I, Float> {
 };
 #endif
 
-// The table of one instruction set, indexed as RowKernels::rotate and RowKernels::order.
-template <class I, class F = typename RowIsa<I, Float>::type, class B = typename RowIsa<I, BFloat16>::type,
-          class H = typename RowIsa<I, Half>::type>
-constexpr RowKernels kRowKernels = {{{kRotate<F, Float>[0], kRotate<F, Float>[1]},
-                                     {kRotate<B, BFloat16>[0], kRotate<B, BFloat16>[1]},
-                                     {kRotate<H, Half>[0], kRotate<H, Half>[1]}},
+// The table of one instruction set, with or without software prefetch, indexed as RowKernels::rotate
+// and RowKernels::order.
+template <class I, bool kPrefetch, class F = typename RowIsa<I, Float>::type,
+          class B = typename RowIsa<I, BFloat16>::type, class H = typename RowIsa<I, Half>::type>
+constexpr RowKernels kRowKernels = {{{kRotate<F, Float, kPrefetch>[0], kRotate<F, Float, kPrefetch>[1]},
+                                     {kRotate<B, BFloat16, kPrefetch>[0], kRotate<B, BFloat16, kPrefetch>[1]},
+                                     {kRotate<H, Half, kPrefetch>[0], kRotate<H, Half, kPrefetch>[1]}},
                                     {{kOrder<F, Float>[0], kOrder<F, Float>[1]},
                                      {kOrder<B, BFloat16>[0], kOrder<B, BFloat16>[1]},
                                      {kOrder<H, Half>[0], kOrder<H, Half>[1]}},
-                                    {{kUniform<F, Float>[0], kUniform<F, Float>[1]},
-                                     {kUniform<B, BFloat16>[0], kUniform<B, BFloat16>[1]},
-                                     {kUniform<H, Half>[0], kUniform<H, Half>[1]}}};
+                                    {{kUniform<F, Float, kPrefetch>[0], kUniform<F, Float, kPrefetch>[1]},
+                                     {kUniform<B, BFloat16, kPrefetch>[0], kUniform<B, BFloat16, kPrefetch>[1]},
+                                     {kUniform<H, Half, kPrefetch>[0], kUniform<H, Half, kPrefetch>[1]}}};
+
+// The tables of one instruction set (rows_*.cpp): [prefetch].
+template <class I>
+constexpr const RowKernels* kRowKernelsByPrefetch[2] = {&kRowKernels<I, false>, &kRowKernels<I, true>};
 
 }  // namespace
 }  // namespace posenc::cpu

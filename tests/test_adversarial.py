@@ -533,6 +533,31 @@ def test_angle_domain_checks_the_frequencies(device):
         pn.sinusoidal_table(torch.tensor([2.0 ** 45], device=device), 8, angle_scale=1000.0)
 
 
+@pytest.mark.parametrize("where", range(6))
+def test_angle_domain_finds_the_largest_frequency_anywhere(where):
+    """The CPU's scan of one axis of frequencies keeps four partial maxima: the largest (or a
+    non-finite) frequency is found at every index, whatever its sign."""
+    g = torch.Generator().manual_seed(where)
+    q = torch.randn(1, 2, 2, 12, generator=g)
+    inv = torch.rand(6, generator=g, dtype=torch.float64)  # all below 1
+    pos = torch.tensor([0, 2 ** 45])
+    for sign in (1.0, -1.0):
+        inv[where] = sign * 2.0 ** 10  # 2^55 rad at 2^45
+        with pytest.raises(RuntimeError, match=r"position \* inv_freq must stay within 2\^50"):
+            pn.apply_rope(q, None, pos, inv_freq=inv)
+        inv[where] = sign * 2.0 ** 4  # 2^49 rad: inside
+        out, _ = pn.apply_rope(q, None, pos, inv_freq=inv)
+        # position 0 exactly as the reference; 2^45 is past the accuracy contract, still a rotation
+        ref, _ = reference.apply_rope(q.double(), None, pos, inv_freq=inv)
+        assert torch.allclose(out[:, 0].double(), ref[:, 0], atol=1e-6)
+        norm = lambda x: x[..., :6].double() ** 2 + x[..., 6:].double() ** 2  # noqa: E731
+        assert torch.allclose(norm(out), norm(q), rtol=1e-5, atol=1e-5)
+    for bad in (float("inf"), float("-inf"), float("nan")):
+        inv[where] = bad
+        with pytest.raises(RuntimeError, match=f"inv_freq must be finite, got .* at index {where}"):
+            pn.apply_rope(q, None, pos, inv_freq=inv)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bad", [1e18, -1e18, float("inf"), float("nan"), 2.0 ** 48 * 1.5])
 def test_sinusoidal_float_positions_outside_domain_raise(device, bad):

@@ -167,7 +167,12 @@ void run_typed(const RopeProblem& p) {
   }
   const int64_t per_token = std::max<int64_t>((p.q.heads + p.k.heads) * p.head_dim, 1);
   const int64_t grain = std::max<int64_t>(1, 32768 / per_token);
-  torch::stable::parallel_for(0, p.batch * p.seq, grain, [&](int64_t begin, int64_t end) {
+  const int64_t tokens = p.batch * p.seq;
+  if (tokens <= grain) {  // one chunk (a decode step): as parallel_for would run it, without its ~50 ns
+    rope_tokens<T, kInterleaved, kInverse>(p, simd, order, uniform, 0, tokens);
+    return;
+  }
+  torch::stable::parallel_for(0, tokens, grain, [&](int64_t begin, int64_t end) {
     rope_tokens<T, kInterleaved, kInverse>(p, simd, order, uniform, begin, end);
   });
 }

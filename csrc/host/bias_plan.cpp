@@ -40,8 +40,8 @@ T5Bucketing t5_bucketing(const char* op, bool bidirectional, int64_t num_buckets
 RelativeBiasGradProblem grad_problem(const char* op, const Tensor& grad, int64_t query_offset) {
   POSENC_CHECK(grad.dim() == 4 && grad.size(0) == 1, op,
               ": grad must be [1, heads, query_length, key_length], got shape ", sizes_of(grad));
-  POSENC_CHECK(is_float_dtype(grad.scalar_type()), op, ": grad must be float32, float16, bfloat16 or float64, got ",
-              grad.scalar_type());
+  POSENC_CHECK(is_float_dtype(dtype_of(grad)), op, ": grad must be float32, float16, bfloat16 or float64, got ",
+              dtype_of(grad));
   check_lengths(op, grad.size(2), grad.size(3), query_offset);
   RelativeBiasGradProblem p;
   p.heads = grad.size(1);
@@ -60,7 +60,7 @@ RelativeBiasGradProblem grad_problem(const char* op, const Tensor& grad, int64_t
 Tensor t5_relative_position_bucket_op(const T5BucketArgs& a, const Backend& backend) {
   constexpr const char* op = "posenc.t5_relative_position_bucket";
   const Tensor& relative_position = a.relative_position;
-  const auto t = relative_position.scalar_type();
+  const auto t = dtype_of(relative_position);
   POSENC_CHECK(t == ScalarType::Int || t == ScalarType::Long, op, ": relative_position must be int32 or int64, got ", t);
   BucketProblem p;
   p.t5 = t5_bucketing(op, a.bidirectional, a.num_buckets, a.max_distance);
@@ -82,13 +82,13 @@ Tensor relative_position_bias_op(const RelativeBiasArgs& a, const Backend& backe
                 query_offset = a.query_offset;
   POSENC_CHECK(weight.dim() == 2 && weight.size(0) == num_buckets, op, ": weight must be [num_buckets = ", num_buckets,
               ", heads] (T5's relative_attention_bias.weight), got shape ", sizes_of(weight));
-  POSENC_CHECK(is_float_dtype(weight.scalar_type()), op, ": weight must be float32, float16, bfloat16 or float64, got ",
-              weight.scalar_type());
+  POSENC_CHECK(is_float_dtype(dtype_of(weight)), op, ": weight must be float32, float16, bfloat16 or float64, got ",
+              dtype_of(weight));
   check_lengths(op, query_length, key_length, query_offset);
   RelativeBiasProblem p;
   p.kind = BiasKind::T5;
   p.t5 = t5_bucketing(op, a.bidirectional, num_buckets, a.max_distance);
-  Tensor out = empty({1, weight.size(1), query_length, key_length}, weight.scalar_type(), weight);
+  Tensor out = empty({1, weight.size(1), query_length, key_length}, dtype_of(weight), weight);
   if (out.numel() == 0) return out;
   p.heads = weight.size(1);
   p.query_length = query_length;
@@ -98,7 +98,7 @@ Tensor relative_position_bias_op(const RelativeBiasArgs& a, const Backend& backe
   p.weight_stride_b = weight.stride(0);
   p.weight_stride_h = weight.stride(1);
   p.out = out.data_ptr();
-  backend.relative_bias(p, weight.scalar_type());
+  backend.relative_bias(p, dtype_of(weight));
   return out;
 }
 
@@ -111,7 +111,7 @@ Tensor run_grad(RelativeBiasGradProblem& p, const Tensor& grad, Tensor& out, con
   Tensor diagonal = empty({p.heads, p.diagonals()}, ScalarType::Double, grad);
   p.diagonal = static_cast<double*>(diagonal.data_ptr());
   p.out = out.data_ptr();
-  backend.relative_bias_grad(p, grad.scalar_type());
+  backend.relative_bias_grad(p, dtype_of(grad));
   return out;
 }
 
@@ -125,7 +125,7 @@ Tensor relative_position_bias_backward_op(const RelativeBiasBackwardArgs& a, con
   p.kind = BiasKind::T5;
   p.t5 = t5_bucketing(op, a.bidirectional, num_buckets, a.max_distance);
   p.num_buckets = num_buckets;
-  Tensor out = empty({num_buckets, p.heads}, grad.scalar_type(), grad);
+  Tensor out = empty({num_buckets, p.heads}, dtype_of(grad), grad);
   return run_grad(p, grad, out, backend);
 }
 
@@ -134,9 +134,9 @@ Tensor alibi_bias_op(const AlibiArgs& a, const Backend& backend) {
   const Tensor& slopes = a.slopes;
   const int64_t query_length = a.query_length, key_length = a.key_length, query_offset = a.query_offset;
   POSENC_CHECK(slopes.dim() == 1, op, ": slopes must be 1-D [heads], got shape ", sizes_of(slopes));
-  POSENC_CHECK(is_float_dtype(slopes.scalar_type()), op, ": slopes must be float32, float16, bfloat16 or float64, got ",
-              slopes.scalar_type());
-  const ScalarType out_dtype = a.dtype.value_or(slopes.scalar_type());
+  POSENC_CHECK(is_float_dtype(dtype_of(slopes)), op, ": slopes must be float32, float16, bfloat16 or float64, got ",
+              dtype_of(slopes));
+  const ScalarType out_dtype = a.dtype.value_or(dtype_of(slopes));
   POSENC_CHECK(is_float_dtype(out_dtype), op, ": dtype must be float32, float16, bfloat16 or float64, got ", out_dtype);
   check_lengths(op, query_length, key_length, query_offset);
   Tensor out = empty({1, slopes.size(0), query_length, key_length}, out_dtype, slopes);
@@ -159,7 +159,7 @@ Tensor alibi_bias_backward_op(const AlibiBackwardArgs& a, const Backend& backend
   const Tensor& grad = a.grad;
   RelativeBiasGradProblem p = grad_problem(op, grad, a.query_offset);
   p.kind = BiasKind::Alibi;
-  Tensor out = empty({p.heads}, grad.scalar_type(), grad);
+  Tensor out = empty({p.heads}, dtype_of(grad), grad);
   return run_grad(p, grad, out, backend);
 }
 

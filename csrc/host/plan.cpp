@@ -61,7 +61,7 @@ void scan_cpu(const Tensor& t, ValueRange& r) {
 
 ValueRange value_range(const Tensor& t_in) {
   ValueRange r;
-  const ScalarType dt = t_in.scalar_type();
+  const ScalarType dt = dtype_of(t_in);
   r.integral = !is_floating(dt);
   Tensor t = t_in;
   const bool scannable = dt == ScalarType::Int || dt == ScalarType::Long || dt == ScalarType::Float ||
@@ -70,7 +70,7 @@ ValueRange value_range(const Tensor& t_in) {
     // Another device, dtype or rank: one copy to a CPU int64/float64 vector, scanned below.
     t = torch::stable::reshape(to_cpu(t, r.integral ? ScalarType::Long : ScalarType::Double), {-1});
   }
-  switch (t.scalar_type()) {
+  switch (dtype_of(t)) {
     case ScalarType::Int: scan_cpu<int32_t>(t, r); break;
     case ScalarType::Long: scan_cpu<int64_t>(t, r); break;
     case ScalarType::Float: scan_cpu<float>(t, r); break;
@@ -89,7 +89,7 @@ int64_t checked_position_bound(const char* op, int64_t lo, int64_t hi, int64_t o
 }
 
 IndexKind index_kind(const Tensor& t) {
-  switch (t.scalar_type()) {
+  switch (dtype_of(t)) {
     case ScalarType::Int: return IndexKind::Int32;
     case ScalarType::Long: return IndexKind::Int64;
     case ScalarType::Float: return IndexKind::Float32;
@@ -124,7 +124,7 @@ void check_operand(const char* op, const Tensor& ref, const char* ref_name, cons
 
 // Positions for the sinusoidal ops: integer or floating point; other dtypes are read as float64.
 Tensor sinusoidal_positions(const char* op, const Tensor& positions) {
-  const ScalarType t = positions.scalar_type();
+  const ScalarType t = dtype_of(positions);
   if (t == ScalarType::Int || t == ScalarType::Long || t == ScalarType::Float || t == ScalarType::Double) return positions;
   POSENC_CHECK(is_integral(t) || is_floating(t), op, ": positions must be an integer or floating point tensor, got ", t);
   return to_dtype(positions, is_floating(t) ? ScalarType::Double : ScalarType::Long);
@@ -202,8 +202,8 @@ Tensor add_sinusoidal_op(const AddSinusoidalArgs& a, const Backend& backend) {
   const Tensor& x = a.x;
   const Tensor& positions_in = a.positions;
   POSENC_CHECK(x.dim() == 2 || x.dim() == 3, op, ": x must be [batch, seq, dim] or [seq, dim], got shape ", sizes_of(x));
-  POSENC_CHECK(is_float_dtype(x.scalar_type()), op, ": x must be float32, float16, bfloat16 or float64, got ",
-               x.scalar_type());
+  POSENC_CHECK(is_float_dtype(dtype_of(x)), op, ": x must be float32, float16, bfloat16 or float64, got ",
+               dtype_of(x));
   check_operand(op, x, "x", positions_in, "positions");
   const int64_t batch = x.dim() == 3 ? x.size(0) : 1;
   const int64_t seq = x.size(-2);
@@ -221,7 +221,7 @@ Tensor add_sinusoidal_op(const AddSinusoidalArgs& a, const Backend& backend) {
   check_sinusoidal_domain(op, positions, p.params, backend);
   // x's layout when its last dim is contiguous (dense x keeps its strides), else row-major:
   // the kernels write rows with a contiguous last dim. ops.py's fake kernel mirrors this rule.
-  Tensor out = x.stride(-1) == 1 ? new_empty_like(x) : empty(x.sizes(), x.scalar_type(), x);
+  Tensor out = x.stride(-1) == 1 ? new_empty_like(x) : empty(x.sizes(), dtype_of(x), x);
   if (out.numel() == 0) return out;
   p.batch = batch;
   p.seq = seq;
@@ -237,7 +237,7 @@ Tensor add_sinusoidal_op(const AddSinusoidalArgs& a, const Backend& backend) {
   p.out = out.data_ptr();
   p.out_stride_b = out.dim() == 3 ? out.stride(0) : 0;
   p.out_stride_s = out.stride(-2);
-  backend.sinusoidal(p, x.scalar_type());
+  backend.sinusoidal(p, dtype_of(x));
   return out;
 }
 
@@ -301,9 +301,9 @@ struct RopeInputs {
 };
 
 RopeInputs check_qk(const char* op, const Tensor& q, const Tensor& k, std::string_view layout) {
-  const ScalarType dt = q.scalar_type();
+  const ScalarType dt = dtype_of(q);
   POSENC_CHECK(is_float_dtype(dt), op, ": q must be float32, float16, bfloat16 or float64, got ", dt);
-  POSENC_CHECK(k.scalar_type() == dt, op, ": k must have q's dtype (", dt, "), got ", k.scalar_type());
+  POSENC_CHECK(dtype_of(k) == dt, op, ": k must have q's dtype (", dt, "), got ", dtype_of(k));
   check_same_device(op, q, "q", k, "k");
   RopeInputs in{as_bshd(op, q, "q", layout), as_bshd(op, k, "k", layout)};
   POSENC_CHECK(in.k.batch == in.q.batch && in.k.seq == in.q.seq && in.k.head_dim == in.q.head_dim, op,
@@ -336,7 +336,7 @@ void check_positions(const char* op, RopeProblem& p, PositionInfo& info, const T
   if (positions.has_value()) {
     const Tensor& pos = *positions;
     check_operand(op, q, "q", pos, "positions");
-    const ScalarType dt = pos.scalar_type();
+    const ScalarType dt = dtype_of(pos);
     POSENC_CHECK(dt == ScalarType::Int || dt == ScalarType::Long, op, ": positions must be int32 or int64, got ", dt);
     const bool thd = layout == "thd";
     const bool axis_dim = pos.dim() == (thd ? 2 : 3);  // a leading axis dim
@@ -381,7 +381,7 @@ void check_positions(const char* op, RopeProblem& p, PositionInfo& info, const T
     const Tensor& cu = *cu_seqlens;
     POSENC_CHECK(layout == "thd", op, ": cu_seqlens is only for layout 'thd', got layout '", layout, "'");
     check_operand(op, q, "q", cu, "cu_seqlens");
-    const ScalarType dt = cu.scalar_type();
+    const ScalarType dt = dtype_of(cu);
     POSENC_CHECK(dt == ScalarType::Int || dt == ScalarType::Long, op, ": cu_seqlens must be int32 or int64, got ", dt);
     POSENC_CHECK(cu.dim() == 1 && cu.size(0) >= 2, op, ": cu_seqlens must be 1-D with at least 2 entries, got shape ",
                  sizes_of(cu));
@@ -496,7 +496,7 @@ Tensor check_inv_freq(const char* op, const Tensor& q, const Tensor& inv_freq, i
   POSENC_CHECK((inv_freq.dim() == 1 || inv_freq.dim() == 2) && inv_freq.numel() >= 1, op,
                ": inv_freq must be [rotary_dim / 2] or, for an axis layout, [axes, rotary_dim / 2], with at least one ",
                "entry, got shape ", sizes_of(inv_freq));
-  const ScalarType dt = inv_freq.scalar_type();
+  const ScalarType dt = dtype_of(inv_freq);
   POSENC_CHECK(dt == ScalarType::Float || dt == ScalarType::Double, op, ": inv_freq must be float32 or float64, got ", dt);
   POSENC_CHECK(2 * inv_freq.size(-1) <= head_dim, op, ": inv_freq has ", inv_freq.size(-1),
                " frequencies (rotary_dim ", 2 * inv_freq.size(-1), ") but head_dim is ", head_dim);
@@ -528,7 +528,7 @@ void finish_rope(const char* op, RopeStart& s, const Tensor& q, const Tensor& k,
   p.copy_passthrough = !s.in_place && p.rot_dim < p.head_dim;
   fill_operand(p.q, s.in.q, q, s.in_place ? q : *dst_q, layout, op, "q");
   fill_operand(p.k, s.in.k, k, s.in_place ? k : *dst_k, layout, op, "k");
-  if (p.batch * p.seq > 0 && p.head_dim > 0) backend.rope(p, q.scalar_type());
+  if (p.batch * p.seq > 0 && p.head_dim > 0) backend.rope(p, dtype_of(q));
 }
 
 // Validates, then rotates by frequencies into (dst_q, dst_k): fresh outputs, or q and k in place.
@@ -579,15 +579,15 @@ std::pair<OptTensor, OptTensor> cos_sin_problem(const char* op, RopeProblem& p, 
                ", got shape ", sizes_of(a.cos));
   POSENC_CHECK(a.cos.sizes().equals(a.sin.sizes()), op, ": cos and sin must have the same shape, got ",
                sizes_of(a.cos), " and ", sizes_of(a.sin));
-  POSENC_CHECK(is_float_dtype(a.cos.scalar_type()) && is_float_dtype(a.sin.scalar_type()), op,
-               ": cos and sin must be floating point, got ", a.cos.scalar_type(), " and ", a.sin.scalar_type());
+  POSENC_CHECK(is_float_dtype(dtype_of(a.cos)) && is_float_dtype(dtype_of(a.sin)), op,
+               ": cos and sin must be floating point, got ", dtype_of(a.cos), " and ", dtype_of(a.sin));
   const int64_t rot = a.cos.size(-1);
   POSENC_CHECK(rot >= 2 && rot % 2 == 0 && rot <= in.q.head_dim, op,
                ": cos/sin last dim is the rotary dim; it must be even and in [2, head_dim = ", in.q.head_dim, "], got ",
                rot);
-  const ScalarType dt = q.scalar_type();
-  Tensor cos = a.cos.scalar_type() == dt ? a.cos : to_dtype(a.cos, dt);
-  Tensor sin = a.sin.scalar_type() == dt ? a.sin : to_dtype(a.sin, dt);
+  const ScalarType dt = dtype_of(q);
+  Tensor cos = dtype_of(a.cos) == dt ? a.cos : to_dtype(a.cos, dt);
+  Tensor sin = dtype_of(a.sin) == dt ? a.sin : to_dtype(a.sin, dt);
   // The kernels read both tables with cos's row strides and a contiguous last dim: any other
   // layout is copied to a contiguous one (a table is small next to q and k).
   if (cos.stride(-1) != 1 || !sin.strides().equals(cos.strides())) {

@@ -28,12 +28,14 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
     # full, SIMD tails (36 and 20 pairs; 21 and 3: odd pair counts, an element tail past the last
     # vector), partial rotary, fewer pairs than any vector; the last two with padded head rows (a
     # head stride above head_dim: strided rows in place, and out of place into contiguous rows)
-    for head_dim, rot, pad in ((128, 128, 0), (72, 72, 0), (40, 40, 0), (42, 42, 0), (6, 6, 0), (96, 64, 0),
-                               (40, 8, 0), (42, 42, 6), (128, 128, 8)):
-        q = torch.randn(2, 9, 4, head_dim + pad, generator=g).to(dtype)[..., :head_dim]
-        k = torch.randn(2, 9, 2, head_dim + pad, generator=g).to(dtype)[..., :head_dim]
+    # (64 tokens: past the size from which calls prefetch, csrc/cpu/isa.h kPrefetchFromBytes)
+    for seq, head_dim, rot, pad in ((9, 128, 128, 0), (9, 72, 72, 0), (9, 40, 40, 0), (9, 42, 42, 0), (9, 6, 6, 0),
+                                    (9, 96, 64, 0), (9, 40, 8, 0), (9, 42, 42, 6), (9, 128, 128, 8),
+                                    (64, 128, 128, 0), (64, 42, 42, 6)):
+        q = torch.randn(2, seq, 4, head_dim + pad, generator=g).to(dtype)[..., :head_dim]
+        k = torch.randn(2, seq, 2, head_dim + pad, generator=g).to(dtype)[..., :head_dim]
         inv = 1.0 / 10000 ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot)
-        pos = torch.randint(0, 1 << 20, (2, 9), generator=g)
+        pos = torch.randint(0, 1 << 20, (2, seq), generator=g)
         for interleaved in (False, True):
             for inverse in (False, True):
                 out += list(torch.ops.posenc.rope(q, k, pos, None, inv, 1.1, interleaved, "bshd", 3, inverse))
@@ -43,8 +45,8 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
             k2 = k.new_empty(k.shape[:-1] + (head_dim + pad,))[..., :head_dim].copy_(k)
             torch.ops.posenc.rope_(q2, k2, pos, None, inv, 1.1, interleaved, "bshd", 0, False)
             out += [q2, k2]
-            cos = torch.randn(2, 9, rot, generator=g).to(dtype)
-            sin = torch.randn(2, 9, rot, generator=g).to(dtype)
+            cos = torch.randn(2, seq, rot, generator=g).to(dtype)
+            sin = torch.randn(2, seq, rot, generator=g).to(dtype)
             for inverse in (False, True):
                 out += list(torch.ops.posenc.rope_cos_sin(q, k, cos, sin, None, "bshd", inverse))
 torch.save(out, sys.argv[1])

@@ -70,8 +70,7 @@ bool cpu_prefetch() {
   return chosen;
 }
 
-const RowKernels* row_kernels(Isa isa) {
-  const bool prefetch = cpu_prefetch();  // first: a bad POSENC_CPU_PREFETCH is refused on every path
+const RowKernels* row_kernels(Isa isa, bool prefetch) {
   switch (isa) {
     case Isa::Avx2: return row_kernels_avx2(prefetch);
     case Isa::Avx512: return row_kernels_avx512(prefetch);

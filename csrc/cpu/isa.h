@@ -70,7 +70,11 @@ const char* isa_name(Isa isa);
 // Whether the SIMD kernels prefetch (above); read once per process. Throws on a POSENC_CPU_PREFETCH
 // value other than 0 or 1.
 bool cpu_prefetch();
-// The kernels of `isa` (nullptr for Portable), with prefetch as cpu_prefetch() says.
-const RowKernels* row_kernels(Isa isa);
+// Below this many bytes of rows a call prefetches nothing, whatever cpu_prefetch() says: they fit in
+// L1, and a decode step of one sequence (20 KiB) measured ~60 ns slower with prefetch, where two or
+// more sequences gain (B=64: 38-41 -> 29-34 us).
+constexpr int64_t kPrefetchFromBytes = 32 * 1024;
+// The kernels of `isa` (nullptr for Portable), with or without prefetch.
+const RowKernels* row_kernels(Isa isa, bool prefetch);
 
 }  // namespace posenc::cpu

@@ -159,7 +159,10 @@ void run_typed(const RopeProblem& p) {
   OrderFactorsFn order = nullptr;
   RotateUniformFn uniform = nullptr;  // half-split from frequencies only
   if constexpr (kRowDtype<T> >= 0) {
-    if (const RowKernels* k = row_kernels(cpu_isa())) {
+    // cpu_prefetch() first: a bad POSENC_CPU_PREFETCH is refused whatever the size
+    const int64_t bytes = p.batch * p.seq * (p.q.heads + p.k.heads) * p.head_dim * static_cast<int64_t>(sizeof(T));
+    const bool prefetch = cpu_prefetch() && bytes >= kPrefetchFromBytes;
+    if (const RowKernels* k = row_kernels(cpu_isa(), prefetch)) {
       simd = k->rotate[kRowDtype<T>][kInterleaved ? 1 : 0];
       order = k->order[kRowDtype<T>][kInterleaved ? 1 : 0];
       if (!kInterleaved && p.inv_freq) uniform = k->uniform[kRowDtype<T>][kInverse ? 1 : 0];

@@ -158,19 +158,18 @@ void run_typed(const RopeProblem& p) {
   RotateRowFn simd = nullptr;
   OrderFactorsFn order = nullptr;
   RotateUniformFn uniform = nullptr;  // half-split from frequencies only
+  const int64_t tokens = p.batch * p.seq;
+  const int64_t per_token = std::max<int64_t>((p.q.heads + p.k.heads) * p.head_dim, 1);  // elements
   if constexpr (kRowDtype<T> >= 0) {
     // cpu_prefetch() first: a bad POSENC_CPU_PREFETCH is refused whatever the size
-    const int64_t bytes = p.batch * p.seq * (p.q.heads + p.k.heads) * p.head_dim * static_cast<int64_t>(sizeof(T));
-    const bool prefetch = cpu_prefetch() && bytes >= kPrefetchFromBytes;
+    const bool prefetch = cpu_prefetch() && tokens * per_token * static_cast<int64_t>(sizeof(T)) >= kPrefetchFromBytes;
     if (const RowKernels* k = row_kernels(cpu_isa(), prefetch)) {
       simd = k->rotate[kRowDtype<T>][kInterleaved ? 1 : 0];
       order = k->order[kRowDtype<T>][kInterleaved ? 1 : 0];
       if (!kInterleaved && p.inv_freq) uniform = k->uniform[kRowDtype<T>][kInverse ? 1 : 0];
     }
   }
-  const int64_t per_token = std::max<int64_t>((p.q.heads + p.k.heads) * p.head_dim, 1);
   const int64_t grain = std::max<int64_t>(1, 32768 / per_token);
-  const int64_t tokens = p.batch * p.seq;
   if (tokens <= grain) {  // one chunk (a decode step): as parallel_for would run it, without its ~50 ns
     rope_tokens<T, kInterleaved, kInverse>(p, simd, order, uniform, 0, tokens);
     return;

@@ -307,8 +307,9 @@ template <class I, class D, bool kInverse, bool kPrefetch, int K>
                                                         int64_t pairs, const float* c, const float* s) {
   using IO = Io<I, D>;
   constexpr int W = I::kLanes;
-  prefetch_ahead<kPrefetch>(src + j, K * W * sizeof(typename D::T));
-  prefetch_ahead<kPrefetch>(src + pairs + j, K * W * sizeof(typename D::T));
+  constexpr int kBytes = K * W * sizeof(typename D::T);
+  prefetch_ahead<kPrefetch>(src + j, kBytes);
+  prefetch_ahead<kPrefetch>(src + pairs + j, kBytes);
   for (int k = 0; k < K; ++k) {
     const int64_t e = j + k * W;
     const auto a = IO::load(src + e), b = IO::load(src + pairs + e);

@@ -61,8 +61,11 @@ bool cpu_prefetch() {
       posenc::fail("posenc: environment variable POSENC_CPU_PREFETCH=", want, " is not 0 or 1");
     }
 #if defined(__x86_64__) && defined(__GNUC__)
+    // Off on AMD CPUs with AVX-512 (Zen 4 and later), where it measured slower (Zen 4: fp32 in place
+    // 1.06 -> 1.21-1.39x the floor); on elsewhere: Intel and AMD Zen 3 measured faster
+    // (benchmarks/RESULTS.md).
     __builtin_cpu_init();
-    return __builtin_cpu_is("intel") != 0;
+    return !(__builtin_cpu_is("amd") && __builtin_cpu_supports("avx512f"));
 #else
     return false;
 #endif

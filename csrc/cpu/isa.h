@@ -12,9 +12,9 @@
 // POSENC_CPU_PORTABLE=1 is the older spelling of POSENC_CPU_ISA=portable.
 //
 // Each SIMD path has its kernels twice, with and without software prefetch of the rows ahead
-// (simd_rows.h, prefetch_ahead). Prefetch is on by default on Intel CPUs, where it measured faster,
-// and off elsewhere (AMD Zen 4 measured slower with it); POSENC_CPU_PREFETCH=0|1 overrides. It
-// changes no bits.
+// (simd_rows.h, prefetch_ahead). Prefetch is on by default, where it measured faster (Intel, AMD Zen 3),
+// except on AMD CPUs with AVX-512 (Zen 4 measured slower with it); POSENC_CPU_PREFETCH=0|1
+// overrides. It changes no bits.
 //
 // fp16 and float32 rows on the AVX-512 paths use 256-bit vectors (simd_rows.h, RowIsa): they
 // measured faster than 512-bit ones on AMD Zen 4 (which executes 512-bit operations as two halves).

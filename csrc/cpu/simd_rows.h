@@ -234,8 +234,9 @@ template <class I, class IO, int K, typename T, typename F>
 // reads at p, a token's rows being read in address order (and the next token's after them). On Intel
 // servers one core's bandwidth is bound by the misses it keeps in flight, and a rotation step has more
 // instructions than the floor's multiply, so fewer of its loads are in flight: with this, float32 rows
-// went from 1.10-1.45x to 0.8-0.9x the in-place floor (benchmarks/RESULTS.md). AMD Zen 4 measured slower
-// with it. A prefetch never faults, so one past the tensor's end is harmless.
+// went from 1.10-1.45x to 0.8-0.9x the in-place floor (benchmarks/RESULTS.md); on AMD Zen 3, fp16 and
+// bf16 from ~1.0x and ~0.94x to ~0.8x. AMD Zen 4 measured slower with it. A prefetch never faults,
+// so one past the tensor's end is harmless.
 constexpr int kPrefetchAhead = 2048;
 
 template <bool kPrefetch, typename T>

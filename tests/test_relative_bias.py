@@ -361,7 +361,11 @@ def test_alibi_score_mod_equals_sdpa_with_the_bias():
 def test_score_mods_under_compiled_flex_attention():
     from torch.nn.attention.flex_attention import flex_attention
 
-    heads, lq, lk = 2, 16, 24
+    # lk a multiple of 32: on an AVX2-only CPU (AMD Zen 3), torch 2.14's compiled CPU flex attention
+    # is wrong with lk = 24 even with no score mod at all (up to 0.65 off SDPA): its kv blocks then
+    # end inside the tensor (pytorch/pytorch#159247 is that class of bug). This test is about the
+    # score mods, so it keeps to lengths the template gets right.
+    heads, lq, lk = 2, 16, 32
     q, k, v = _qkv(heads, lq, lk, 7)
     w = torch.randn(32, heads)
     slopes = pn.alibi_slopes(heads)

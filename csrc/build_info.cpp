@@ -37,6 +37,14 @@ std::string cpu_prefetch() {
     return "null";
   }
 }
+// From how many bytes of rows a call prefetches (csrc/cpu/isa.h), or null as above.
+std::string cpu_prefetch_from_bytes() {
+  try {
+    return std::to_string(cpu::prefetch_from_bytes());
+  } catch (const std::exception&) {
+    return "null";
+  }
+}
 }  // namespace
 
 std::string build_info_json() {
@@ -50,7 +58,8 @@ std::string build_info_json() {
     << (cuda ? cuda->cuda_archs : "") << "\", \"cxx_compiler\": \"" << POSENC_CXX_COMPILER
     << "\", \"cuda_compiler\": \"" << (cuda ? cuda->cuda_compiler : "") << "\", \"cxx11_abi\": "
     << _GLIBCXX_USE_CXX11_ABI << ", \"cplusplus\": " << __cplusplus << ", \"cpu_isa\": \"" << cpu_path()
-    << "\", \"cpu_prefetch\": " << cpu_prefetch() << "}";
+    << "\", \"cpu_prefetch\": " << cpu_prefetch()
+    << ", \"cpu_prefetch_from_bytes\": " << cpu_prefetch_from_bytes() << "}";
   return s.str();
 }
 

@@ -22,14 +22,15 @@ PATHS = ("portable", "avx2", "avx512", "avx512bf16")
 
 SCRIPT = r"""
 import sys, torch, posenc_native as pn
-print(pn.build_info()["cpu_isa"], pn.build_info()["cpu_prefetch"])
+print(pn.build_info()["cpu_isa"], pn.build_info()["cpu_prefetch"], pn.build_info()["cpu_prefetch_from_bytes"])
 g = torch.Generator().manual_seed(0)
 out = []
 for dtype in (torch.float32, torch.bfloat16, torch.float16):
     # full, SIMD tails (36 and 20 pairs; 21 and 3: odd pair counts, an element tail past the last
     # vector), partial rotary, fewer pairs than any vector; the last two with padded head rows (a
     # head stride above head_dim: strided rows in place, and out of place into contiguous rows)
-    # (64 tokens: past the size from which calls prefetch, csrc/cpu/isa.h kPrefetchFromBytes)
+    # (64 tokens: past the size from which calls prefetch with POSENC_CPU_PREFETCH=1, csrc/cpu/isa.h
+    # prefetch_from_bytes)
     for seq, head_dim, rot, pad in ((9, 128, 128, 0), (9, 72, 72, 0), (9, 40, 40, 0), (9, 42, 42, 0), (9, 6, 6, 0),
                                     (9, 96, 64, 0), (9, 40, 8, 0), (9, 42, 42, 6), (9, 128, 128, 8),
                                     (64, 128, 128, 0), (64, 42, 42, 6)):
@@ -64,7 +65,8 @@ def _env(**set_vars: str) -> dict:
 
 
 def _run(tmp_path: Path, name: str, env: dict) -> tuple[str, list]:
-    """(the path taken, its outputs); _run_prefetch also gives whether it prefetched."""
+    """(the path taken, its outputs); _run_prefetch also gives whether it prefetched, and from how many
+    bytes of rows ("True from 32768")."""
     taken, _, out = _run_prefetch(tmp_path, name, env)
     return taken, out
 
@@ -74,8 +76,8 @@ def _run_prefetch(tmp_path: Path, name: str, env: dict) -> tuple[str, str, list]
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(path)], env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    taken, prefetch = proc.stdout.split()[:2]
-    return taken, prefetch, torch.load(path)
+    taken, prefetch, from_bytes = proc.stdout.split()[:3]
+    return taken, f"{prefetch} from {from_bytes}", torch.load(path)
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +93,8 @@ def test_every_simd_path_equals_portable(tmp_path, portable, path, prefetch):
     taken, prefetched, out = _run_prefetch(tmp_path, path, _env(POSENC_CPU_ISA=path, POSENC_CPU_PREFETCH=prefetch))
     if taken != path:
         pytest.skip(f"this CPU or build has no {path} path (capped to {taken})")
-    assert prefetched == {"0": "False", "1": "True"}[prefetch]
+    # forced on: from 32 KiB of rows on every CPU, so the 64-token problems run the prefetching kernels
+    assert prefetched == {"0": "False from 32768", "1": "True from 32768"}[prefetch]
     assert len(out) == len(portable) > 0
     for i, (a, b) in enumerate(zip(out, portable)):
         assert a.dtype == b.dtype and a.abs().sum() > 0
@@ -117,15 +120,23 @@ def test_default_path_is_the_best_available(tmp_path):
 
 
 def test_prefetch_default_follows_the_cpu():
-    """On by default except on AMD CPUs with AVX-512 (Zen 4 and later), as csrc/cpu/isa.cpp decides."""
-    proc = subprocess.run([sys.executable, "-c", "import posenc_native as pn; print(pn.build_info()['cpu_prefetch'])"],
-                          env=_env(), capture_output=True, text=True, timeout=120)
+    """On by default except on AMD CPUs with AVX-512 (Zen 4 and later), as csrc/cpu/isa.cpp decides;
+    from 16 MiB of rows on other AMD CPUs, from 32 KiB elsewhere and wherever POSENC_CPU_PREFETCH=1."""
+    code = "import posenc_native as pn; i = pn.build_info(); print(i['cpu_prefetch'], i['cpu_prefetch_from_bytes'])"
+    proc = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    prefetch, from_bytes = proc.stdout.split()
+    forced = subprocess.run([sys.executable, "-c", code], env=_env(POSENC_CPU_PREFETCH="1"), capture_output=True,
+                            text=True, timeout=120)
+    assert forced.returncode == 0, forced.stderr[-2000:]
+    assert forced.stdout.split() == ["True", str(32 * 1024)]
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     vendor = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("vendor_id")), "")
     flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
     x86 = platform.machine() in ("x86_64", "AMD64")  # elsewhere: no SIMD kernels, no prefetch
-    assert proc.stdout.strip() == str(x86 and not (vendor == "AuthenticAMD" and "avx512f" in flags))
+    amd = vendor == "AuthenticAMD"
+    assert prefetch == str(x86 and not (amd and "avx512f" in flags))
+    assert from_bytes == str((16 << 20) if x86 and amd and "avx512f" not in flags else 32 * 1024)
 
 
 def test_bad_prefetch_value_is_a_clear_error():

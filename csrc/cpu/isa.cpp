@@ -53,25 +53,46 @@ Isa cpu_isa() {
 
 const char* isa_name(Isa isa) { return kNames[static_cast<int>(isa)]; }
 
-bool cpu_prefetch() {
-  static const bool chosen = [] {
+namespace {
+
+struct PrefetchChoice {
+  bool on;
+  int64_t from_bytes;
+};
+
+// Read once per process (isa.h, cpu_prefetch and prefetch_from_bytes).
+const PrefetchChoice& prefetch_choice() {
+  static const PrefetchChoice chosen = []() -> PrefetchChoice {
+    constexpr int64_t kL1 = 32 * 1024;
     const char* want = std::getenv("POSENC_CPU_PREFETCH");
     if (want && *want) {
-      if (std::strcmp(want, "0") == 0 || std::strcmp(want, "1") == 0) return want[0] == '1';
+      if (std::strcmp(want, "0") == 0 || std::strcmp(want, "1") == 0) return {want[0] == '1', kL1};
       posenc::fail("posenc: environment variable POSENC_CPU_PREFETCH=", want, " is not 0 or 1");
     }
 #if defined(__x86_64__) && defined(__GNUC__)
     // Off on AMD CPUs with AVX-512 (Zen 4 and later), where it measured slower (Zen 4: fp32 in place
-    // 1.06 -> 1.21-1.39x the floor); on elsewhere: Intel and AMD Zen 3 measured faster
-    // (benchmarks/RESULTS.md).
+    // 1.06 -> 1.21-1.39x the floor). On on other AMD CPUs from 16 MiB: Zen 3 gained from it on rows
+    // streamed from DRAM, but float32 rows of 1.3-10 MiB, which stay in its L3 from call to call (a
+    // decode batch), measured 10-30% slower with it. On Intel from 32 KiB: a decode batch of two or
+    // more sequences gained there (benchmarks/RESULTS.md).
     __builtin_cpu_init();
-    return !(__builtin_cpu_is("amd") && __builtin_cpu_supports("avx512f"));
+    if (__builtin_cpu_is("amd")) {
+      if (__builtin_cpu_supports("avx512f")) return {false, kL1};
+      return {true, int64_t{16} << 20};
+    }
+    return {true, kL1};
 #else
-    return false;
+    return {false, kL1};
 #endif
   }();
   return chosen;
 }
+
+}  // namespace
+
+bool cpu_prefetch() { return prefetch_choice().on; }
+
+int64_t prefetch_from_bytes() { return prefetch_choice().from_bytes; }
 
 const RowKernels* row_kernels(Isa isa, bool prefetch) {
   switch (isa) {

@@ -70,10 +70,12 @@ const char* isa_name(Isa isa);
 // Whether the SIMD kernels prefetch (above); read once per process. Throws on a POSENC_CPU_PREFETCH
 // value other than 0 or 1.
 bool cpu_prefetch();
-// Below this many bytes of rows a call prefetches nothing, whatever cpu_prefetch() says: they fit in
-// L1, and a decode step of one sequence (20 KiB) measured ~60 ns slower with prefetch, where two or
-// more sequences gain (B=64: 38-41 -> 29-34 us).
-constexpr int64_t kPrefetchFromBytes = 32 * 1024;
+// Below this many bytes of rows a call prefetches nothing, whatever cpu_prefetch() says (isa.cpp):
+// 32 KiB, under which rows fit in L1 (a decode step of one sequence, 20 KiB, measured ~60 ns slower
+// with prefetch, where two or more sequences gain on Intel: B=64 38-41 -> 29-34 us), or by default on
+// AMD Zen 2/3 16 MiB, under which they stay in its L3 from call to call. POSENC_CPU_PREFETCH=1 sets
+// 32 KiB on every CPU.
+int64_t prefetch_from_bytes();
 // The kernels of `isa` (nullptr for Portable), with or without prefetch.
 const RowKernels* row_kernels(Isa isa, bool prefetch);
 

@@ -204,7 +204,9 @@ def build_info() -> dict[str, Any]:
     Keys: ``version``, ``torch`` (the torch it was built with), ``cuda`` (bool: CUDA kernels
     compiled, in the CUDA kernel library), ``cuda_version``, ``cuda_archs`` (list), ``cxx_compiler``,
     ``cuda_compiler``, ``cxx11_abi`` (bool), ``cpu_isa`` (the CPU path this process takes),
-    ``cpu_prefetch`` (bool: whether its SIMD kernels prefetch, ``POSENC_CPU_PREFETCH``), ``library`` (path), ``cuda_library`` (path of the loaded CUDA kernel library, or None: a CPU-only
+    ``cpu_prefetch`` (bool: whether its SIMD kernels prefetch, ``POSENC_CPU_PREFETCH``),
+    ``cpu_prefetch_from_bytes`` (int: the bytes of rows from which a call prefetches), ``library``
+    (path), ``cuda_library`` (path of the loaded CUDA kernel library, or None: a CPU-only
     torch, or a build without CUDA kernels), ``torch_supported`` (the torch range, as a requirement),
     ``fast_path`` (how the decode fast path reaches the CPU kernels: ``"direct entry"``,
     ``"redispatch"``, or None where it is not built: :func:`load_fast_path`).

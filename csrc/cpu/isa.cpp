@@ -71,10 +71,10 @@ const PrefetchChoice& prefetch_choice() {
     }
 #if defined(__x86_64__) && defined(__GNUC__)
     // Off on AMD CPUs with AVX-512 (Zen 4 and later), where it measured slower (Zen 4: fp32 in place
-    // 1.06 -> 1.21-1.39x the floor). On on other AMD CPUs from 16 MiB: Zen 3 gained from it on rows
-    // streamed from DRAM, but float32 rows of 1.3-10 MiB, which stay in its L3 from call to call (a
-    // decode batch), measured 10-30% slower with it. On Intel from 32 KiB: a decode batch of two or
-    // more sequences gained there (benchmarks/RESULTS.md).
+    // 1.06 -> 1.21-1.39x the floor). Other AMD CPUs prefetch from 16 MiB of rows: Zen 3 gained from
+    // it on rows streamed from DRAM, but float32 rows of 1.3-10 MiB, which stay in its L3 from call to
+    // call (a decode batch), measured 10-30% slower with it. Intel CPUs prefetch from 32 KiB: a decode
+    // batch of two or more sequences gained there (benchmarks/RESULTS.md).
     __builtin_cpu_init();
     if (__builtin_cpu_is("amd")) {
       if (__builtin_cpu_supports("avx512f")) return {false, kL1};

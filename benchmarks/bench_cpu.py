@@ -495,8 +495,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     info = print_header("posenc-native CPU benchmark", __file__, argv, args.quick)
     isa = info.get("cpu_isa", "unknown (a library without POSENC_CPU_ISA)")
     print(f"CPU path: {isa} (POSENC_CPU_ISA={os.environ.get('POSENC_CPU_ISA', '')!r} caps it), software prefetch "
-          f"{info.get('cpu_prefetch', 'unknown')} from {info.get('cpu_prefetch_from_bytes', 'unknown')} bytes of rows "
-          f"(POSENC_CPU_PREFETCH={os.environ.get('POSENC_CPU_PREFETCH', '')!r})")
+          f"{info.get('cpu_prefetch', 'unknown')} from {info.get('cpu_prefetch_from_bytes', 'unknown')} bytes of rows, "
+          f"{info.get('cpu_prefetch_distance', 'unknown')} bytes ahead (POSENC_CPU_PREFETCH={os.environ.get('POSENC_CPU_PREFETCH', '')!r})")
     print(f"malloc:   {allocator}")
     print(f"decode:   fast path through the {info.get('fast_path') or 'general path (no _direct extension)'}")
     print(f"timing:   {args.clock} clock, {args.stat} of >= {settings.repeat} calls (and >= {settings.min_time} s) after {settings.warmup} "

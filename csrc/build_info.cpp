@@ -28,22 +28,19 @@ std::string cpu_path() {
     return "invalid POSENC_CPU_ISA";
   }
 }
-// Whether its SIMD kernels prefetch (csrc/cpu/isa.h): "true", "false", or null for an invalid
-// POSENC_CPU_PREFETCH.
-std::string cpu_prefetch() {
+// The SIMD kernels' prefetch (csrc/cpu/isa.h, Prefetch) as JSON fields, each null where
+// POSENC_CPU_PREFETCH is invalid.
+std::string prefetch_fields() {
+  std::string on = "null", from_bytes = "null", distance = "null";
   try {
-    return cpu::cpu_prefetch() ? "true" : "false";
+    const cpu::Prefetch& p = cpu::cpu_prefetch();
+    on = p.on ? "true" : "false";
+    from_bytes = std::to_string(p.from_bytes);
+    distance = std::to_string(p.distance);
   } catch (const std::exception&) {
-    return "null";
   }
-}
-// From how many bytes of rows a call prefetches (csrc/cpu/isa.h), or null as above.
-std::string cpu_prefetch_from_bytes() {
-  try {
-    return std::to_string(cpu::prefetch_from_bytes());
-  } catch (const std::exception&) {
-    return "null";
-  }
+  return ", \"cpu_prefetch\": " + on + ", \"cpu_prefetch_from_bytes\": " + from_bytes +
+         ", \"cpu_prefetch_distance\": " + distance;
 }
 }  // namespace
 
@@ -58,8 +55,7 @@ std::string build_info_json() {
     << (cuda ? cuda->cuda_archs : "") << "\", \"cxx_compiler\": \"" << POSENC_CXX_COMPILER
     << "\", \"cuda_compiler\": \"" << (cuda ? cuda->cuda_compiler : "") << "\", \"cxx11_abi\": "
     << _GLIBCXX_USE_CXX11_ABI << ", \"cplusplus\": " << __cplusplus << ", \"cpu_isa\": \"" << cpu_path()
-    << "\", \"cpu_prefetch\": " << cpu_prefetch()
-    << ", \"cpu_prefetch_from_bytes\": " << cpu_prefetch_from_bytes() << "}";
+    << "\"" << prefetch_fields() << "}";
   return s.str();
 }
 

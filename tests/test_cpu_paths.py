@@ -22,7 +22,8 @@ PATHS = ("portable", "avx2", "avx512", "avx512bf16")
 
 SCRIPT = r"""
 import sys, torch, posenc_native as pn
-print(pn.build_info()["cpu_isa"], pn.build_info()["cpu_prefetch"], pn.build_info()["cpu_prefetch_from_bytes"])
+info = pn.build_info()
+print(info["cpu_isa"], info["cpu_prefetch"], info["cpu_prefetch_from_bytes"])
 g = torch.Generator().manual_seed(0)
 out = []
 for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -30,7 +31,7 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
     # vector), partial rotary, fewer pairs than any vector; the last two with padded head rows (a
     # head stride above head_dim: strided rows in place, and out of place into contiguous rows)
     # (64 tokens: past the size from which calls prefetch with POSENC_CPU_PREFETCH=1, csrc/cpu/isa.h
-    # prefetch_from_bytes)
+    # Prefetch::from_bytes)
     for seq, head_dim, rot, pad in ((9, 128, 128, 0), (9, 72, 72, 0), (9, 40, 40, 0), (9, 42, 42, 0), (9, 6, 6, 0),
                                     (9, 96, 64, 0), (9, 40, 8, 0), (9, 42, 42, 6), (9, 128, 128, 8),
                                     (64, 128, 128, 0), (64, 42, 42, 6)):
@@ -121,15 +122,17 @@ def test_default_path_is_the_best_available(tmp_path):
 
 def test_prefetch_default_follows_the_cpu():
     """On by default except on AMD CPUs with AVX-512 (Zen 4 and later), as csrc/cpu/isa.cpp decides;
-    from 16 MiB of rows on other AMD CPUs, from 32 KiB elsewhere and wherever POSENC_CPU_PREFETCH=1."""
-    code = "import posenc_native as pn; i = pn.build_info(); print(i['cpu_prefetch'], i['cpu_prefetch_from_bytes'])"
+    from 16 MiB of rows on other AMD CPUs, from 32 KiB elsewhere and wherever POSENC_CPU_PREFETCH=1;
+    8 KiB ahead on AMD CPUs without AVX-512, 2 KiB elsewhere, whatever POSENC_CPU_PREFETCH says."""
+    code = ("import posenc_native as pn; i = pn.build_info(); "
+            "print(i['cpu_prefetch'], i['cpu_prefetch_from_bytes'], i['cpu_prefetch_distance'])")
     proc = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    prefetch, from_bytes = proc.stdout.split()
+    prefetch, from_bytes, distance = proc.stdout.split()
     forced = subprocess.run([sys.executable, "-c", code], env=_env(POSENC_CPU_PREFETCH="1"), capture_output=True,
                             text=True, timeout=120)
     assert forced.returncode == 0, forced.stderr[-2000:]
-    assert forced.stdout.split() == ["True", str(32 * 1024)]
+    assert forced.stdout.split() == ["True", str(32 * 1024), distance]
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     vendor = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("vendor_id")), "")
     flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
@@ -137,6 +140,7 @@ def test_prefetch_default_follows_the_cpu():
     amd = vendor == "AuthenticAMD"
     assert prefetch == str(x86 and not (amd and "avx512f" in flags))
     assert from_bytes == str((16 << 20) if x86 and amd and "avx512f" not in flags else 32 * 1024)
+    assert distance == str(8192 if x86 and amd and "avx512f" not in flags else 2048)
 
 
 def test_bad_prefetch_value_is_a_clear_error():

@@ -54,7 +54,9 @@ def main() -> None:
             for prefetch in ("0", "1"):
                 env = dict(os.environ, POSENC_CPU_PREFETCH=prefetch)
                 proc = subprocess.run([sys.executable, "-c", CHILD, dtype, str(args.threads), sizes], env=env,
-                                      capture_output=True, text=True, check=True)
+                                      capture_output=True, text=True)
+                if proc.returncode != 0:
+                    sys.exit(f"prefetch={prefetch} {dtype}: the child failed:\n{proc.stderr[-3000:]}")
                 print(f"{dtype:9s} prefetch={prefetch} round {r + 1}: {proc.stdout.strip()}", flush=True)
 
 

@@ -53,20 +53,22 @@ Isa cpu_isa() {
 
 const char* isa_name(Isa isa) { return kNames[static_cast<int>(isa)]; }
 
-namespace {
-
-struct PrefetchChoice {
-  bool on;
-  int64_t from_bytes;
-};
-
-// Read once per process (isa.h, cpu_prefetch and prefetch_from_bytes).
-const PrefetchChoice& prefetch_choice() {
-  static const PrefetchChoice chosen = []() -> PrefetchChoice {
+// Read once per process (isa.h).
+const Prefetch& cpu_prefetch() {
+  static const Prefetch chosen = []() -> Prefetch {
     constexpr int64_t kL1 = 32 * 1024;
+    bool amd = false, avx512 = false;
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    amd = __builtin_cpu_is("amd");
+    avx512 = __builtin_cpu_supports("avx512f");
+#endif
+    // 8 KiB ahead on AMD Zen 2/3: float32 rows streamed from DRAM on Zen 3 measured ~5% faster than with
+    // 2 KiB (4-12 KiB alike, 24 KiB worse); 2 KiB elsewhere, where Intel measured it (benchmarks/RESULTS.md).
+    const int64_t distance = amd && !avx512 ? 8192 : 2048;
     const char* want = std::getenv("POSENC_CPU_PREFETCH");
     if (want && *want) {
-      if (std::strcmp(want, "0") == 0 || std::strcmp(want, "1") == 0) return {want[0] == '1', kL1};
+      if (std::strcmp(want, "0") == 0 || std::strcmp(want, "1") == 0) return {want[0] == '1', kL1, distance};
       posenc::fail("posenc: environment variable POSENC_CPU_PREFETCH=", want, " is not 0 or 1");
     }
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -75,24 +77,14 @@ const PrefetchChoice& prefetch_choice() {
     // it on rows streamed from DRAM, but float32 rows of 1.3-10 MiB, which stay in its L3 from call to
     // call (a decode batch), measured 10-30% slower with it. Intel CPUs prefetch from 32 KiB: a decode
     // batch of two or more sequences gained there (benchmarks/RESULTS.md).
-    __builtin_cpu_init();
-    if (__builtin_cpu_is("amd")) {
-      if (__builtin_cpu_supports("avx512f")) return {false, kL1};
-      return {true, int64_t{16} << 20};
-    }
-    return {true, kL1};
+    if (amd) return {!avx512, avx512 ? kL1 : int64_t{16} << 20, distance};
+    return {true, kL1, distance};
 #else
-    return {false, kL1};
+    return {false, kL1, distance};
 #endif
   }();
   return chosen;
 }
-
-}  // namespace
-
-bool cpu_prefetch() { return prefetch_choice().on; }
-
-int64_t prefetch_from_bytes() { return prefetch_choice().from_bytes; }
 
 const RowKernels* row_kernels(Isa isa, bool prefetch) {
   switch (isa) {

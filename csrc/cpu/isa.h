@@ -67,15 +67,22 @@ const RowKernels* row_kernels_avx512bf16(bool prefetch);
 // Throws on a POSENC_CPU_ISA value that is not one of the names above.
 Isa cpu_isa();
 const char* isa_name(Isa isa);
-// Whether the SIMD kernels prefetch (above); read once per process. Throws on a POSENC_CPU_PREFETCH
-// value other than 0 or 1.
-bool cpu_prefetch();
-// Below this many bytes of rows a call prefetches nothing, whatever cpu_prefetch() says (isa.cpp):
-// 32 KiB, under which rows fit in L1 (a decode step of one sequence, 20 KiB, measured ~60 ns slower
-// with prefetch, where two or more sequences gain on Intel: B=64 38-41 -> 29-34 us), or by default on
-// AMD Zen 2/3 16 MiB, under which they stay in its L3 from call to call. POSENC_CPU_PREFETCH=1 sets
-// 32 KiB on every CPU.
-int64_t prefetch_from_bytes();
+// The SIMD kernels' software prefetch (above), chosen once per process (isa.cpp, cpu_prefetch):
+//   on: whether they prefetch at all;
+//   from_bytes: below this many bytes of rows a call prefetches nothing: 32 KiB, under which rows fit
+//     in L1 (a decode step of one sequence, 20 KiB, measured ~60 ns slower with prefetch, where two or
+//     more sequences gain on Intel: B=64 38-41 -> 29-34 us), or by default on AMD Zen 2/3 16 MiB,
+//     under which they stay in its L3 from call to call. POSENC_CPU_PREFETCH=1 sets 32 KiB everywhere;
+//   distance: how many bytes ahead of a step's reads it prefetches (simd_rows.h, prefetch_ahead).
+struct Prefetch {
+  bool on;
+  int64_t from_bytes;
+  int64_t distance;
+  // Whether a call over `row_bytes` bytes of rows prefetches.
+  bool for_rows(int64_t row_bytes) const { return on && row_bytes >= from_bytes; }
+};
+// Throws on a POSENC_CPU_PREFETCH value other than 0 or 1.
+const Prefetch& cpu_prefetch();
 // The kernels of `isa` (nullptr for Portable), with or without prefetch.
 const RowKernels* row_kernels(Isa isa, bool prefetch);
 

@@ -161,8 +161,7 @@ void run_typed(const RopeProblem& p) {
   const int64_t tokens = p.batch * p.seq;
   const int64_t per_token = std::max<int64_t>((p.q.heads + p.k.heads) * p.head_dim, 1);  // elements
   if constexpr (kRowDtype<T> >= 0) {
-    // cpu_prefetch() first: a bad POSENC_CPU_PREFETCH is refused whatever the size
-    const bool prefetch = cpu_prefetch() && tokens * per_token * static_cast<int64_t>(sizeof(T)) >= prefetch_from_bytes();
+    const bool prefetch = cpu_prefetch().for_rows(tokens * per_token * static_cast<int64_t>(sizeof(T)));
     if (const RowKernels* k = row_kernels(cpu_isa(), prefetch)) {
       simd = k->rotate[kRowDtype<T>][kInterleaved ? 1 : 0];
       order = k->order[kRowDtype<T>][kInterleaved ? 1 : 0];

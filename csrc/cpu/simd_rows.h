@@ -230,19 +230,17 @@ template <class I, class IO, int K, typename T, typename F>
   }
 }
 
-// Software prefetch (isa.h, cpu_prefetch): the lines kPrefetchAhead bytes past the `bytes` a step
-// reads at p, a token's rows being read in address order (and the next token's after them). On Intel
+// Software prefetch (isa.h, cpu_prefetch): the lines `distance` bytes past the `bytes` a step reads
+// at p, a token's rows being read in address order (and the next token's after them). On Intel
 // servers one core's bandwidth is bound by the misses it keeps in flight, and a rotation step has more
 // instructions than the floor's multiply, so fewer of its loads are in flight: with this, float32 rows
 // went from 1.10-1.45x to 0.8-0.9x the in-place floor (benchmarks/RESULTS.md); on AMD Zen 3, fp16 and
 // bf16 from ~1.0x and ~0.94x to ~0.8x. AMD Zen 4 measured slower with it. A prefetch never faults,
 // so one past the tensor's end is harmless.
-constexpr int kPrefetchAhead = 2048;
-
 template <bool kPrefetch, typename T>
-[[gnu::always_inline]] inline void prefetch_ahead(const T* p, int bytes) {
+[[gnu::always_inline]] inline void prefetch_ahead(const T* p, int bytes, int64_t distance) {
   if constexpr (kPrefetch) {
-    const char* ahead = reinterpret_cast<const char*>(p) + kPrefetchAhead;
+    const char* ahead = reinterpret_cast<const char*>(p) + distance;
     for (int b = 0; b < bytes; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
   }
 }
@@ -256,14 +254,14 @@ template <bool kPrefetch, typename T>
 // about 10% of the fp32 time.
 template <class I, class D, bool kInterleaved, bool kPrefetch, int K>
 [[gnu::always_inline]] inline void rotate_block(const typename D::T* src, typename D::T* dst, int64_t j, int64_t pairs, const float* C,
-                         const float* S) {
+                         const float* S, int64_t distance) {
   using IO = Io<I, D>;
   constexpr int W = I::kLanes;
   constexpr bool kEo = K == 2 && kEvenOdd<IO>;
   typename I::F a[K], b[K], out_a[K], out_b[K];
   constexpr int kBytes = K * W * sizeof(typename D::T);
-  prefetch_ahead<kPrefetch>(src + j, kBytes);
-  if constexpr (!kInterleaved) prefetch_ahead<kPrefetch>(src + pairs + j, kBytes);
+  prefetch_ahead<kPrefetch>(src + j, kBytes, distance);
+  if constexpr (!kInterleaved) prefetch_ahead<kPrefetch>(src + pairs + j, kBytes, distance);
   load_n<I, IO>(src + j, a);
   if constexpr (!kInterleaved) load_n<I, IO>(src + pairs + j, b);
   for (int k = 0; k < K; ++k) {
@@ -290,11 +288,12 @@ int64_t rotate_row_simd(const void* src_v, void* dst_v, int64_t rows, int64_t sr
   const int64_t n = kInterleaved ? 2 * pairs : pairs;  // elements of the row (interleaved) or of a half
   const int64_t twos = n / (2 * W) * (2 * W);
   const int64_t full = n / W * W;
+  const int64_t distance = kPrefetch ? cpu_prefetch().distance : 0;
   for (int64_t r = 0; r < rows; ++r) {
     const T* src = static_cast<const T*>(src_v) + r * src_stride;
     T* dst = static_cast<T*>(dst_v) + r * dst_stride;
-    for (int64_t j = 0; j < twos; j += 2 * W) rotate_block<I, D, kInterleaved, kPrefetch, 2>(src, dst, j, pairs, C, S);
-    for (int64_t j = twos; j < full; j += W) rotate_block<I, D, kInterleaved, kPrefetch, 1>(src, dst, j, pairs, C, S);
+    for (int64_t j = 0; j < twos; j += 2 * W) rotate_block<I, D, kInterleaved, kPrefetch, 2>(src, dst, j, pairs, C, S, distance);
+    for (int64_t j = twos; j < full; j += W) rotate_block<I, D, kInterleaved, kPrefetch, 1>(src, dst, j, pairs, C, S, distance);
   }
   return kInterleaved ? full / 2 : full;
 }
@@ -305,12 +304,13 @@ int64_t rotate_row_simd(const void* src_v, void* dst_v, int64_t rows, int64_t sr
 // per-vector loads and stores: an even/odd policy would need its factors reordered.
 template <class I, class D, bool kInverse, bool kPrefetch, int K>
 [[gnu::always_inline]] inline void rotate_block_uniform(const typename D::T* src, typename D::T* dst, int64_t j,
-                                                        int64_t pairs, const float* c, const float* s) {
+                                                        int64_t pairs, const float* c, const float* s,
+                                                        int64_t distance) {
   using IO = Io<I, D>;
   constexpr int W = I::kLanes;
   constexpr int kBytes = K * W * sizeof(typename D::T);
-  prefetch_ahead<kPrefetch>(src + j, kBytes);
-  prefetch_ahead<kPrefetch>(src + pairs + j, kBytes);
+  prefetch_ahead<kPrefetch>(src + j, kBytes, distance);
+  prefetch_ahead<kPrefetch>(src + pairs + j, kBytes, distance);
   for (int k = 0; k < K; ++k) {
     const int64_t e = j + k * W;
     const auto a = IO::load(src + e), b = IO::load(src + pairs + e);
@@ -332,11 +332,12 @@ int64_t rotate_row_simd_uniform(const void* src_v, void* dst_v, int64_t rows, in
   constexpr int W = I::kLanes;
   const int64_t twos = pairs / (2 * W) * (2 * W);
   const int64_t full = pairs / W * W;
+  const int64_t distance = kPrefetch ? cpu_prefetch().distance : 0;
   for (int64_t r = 0; r < rows; ++r) {
     const T* src = static_cast<const T*>(src_v) + r * src_stride;
     T* dst = static_cast<T*>(dst_v) + r * dst_stride;
-    for (int64_t j = 0; j < twos; j += 2 * W) rotate_block_uniform<I, D, kInverse, kPrefetch, 2>(src, dst, j, pairs, c, s);
-    for (int64_t j = twos; j < full; j += W) rotate_block_uniform<I, D, kInverse, kPrefetch, 1>(src, dst, j, pairs, c, s);
+    for (int64_t j = 0; j < twos; j += 2 * W) rotate_block_uniform<I, D, kInverse, kPrefetch, 2>(src, dst, j, pairs, c, s, distance);
+    for (int64_t j = twos; j < full; j += W) rotate_block_uniform<I, D, kInverse, kPrefetch, 1>(src, dst, j, pairs, c, s, distance);
   }
   return full;
 }

@@ -325,18 +325,23 @@ template <class I, class D, bool kInverse, bool kPrefetch, int K>
   }
 }
 
+// Four vectors per step, then two, then one: float32 rows streamed from DRAM measured ~3-8% faster
+// with four than with two on AMD Zen 3 (fewer loop instructions between the loads; eight measured
+// no better than four, and four serve rows from 32 pairs up).
 template <class I, class D, bool kInverse, bool kPrefetch>
 int64_t rotate_row_simd_uniform(const void* src_v, void* dst_v, int64_t rows, int64_t src_stride, int64_t dst_stride,
                                 int64_t pairs, const float* c, const float* s) {
   using T = typename D::T;
   constexpr int W = I::kLanes;
+  const int64_t fours = pairs / (4 * W) * (4 * W);
   const int64_t twos = pairs / (2 * W) * (2 * W);
   const int64_t full = pairs / W * W;
   const int64_t distance = kPrefetch ? cpu_prefetch().distance : 0;
   for (int64_t r = 0; r < rows; ++r) {
     const T* src = static_cast<const T*>(src_v) + r * src_stride;
     T* dst = static_cast<T*>(dst_v) + r * dst_stride;
-    for (int64_t j = 0; j < twos; j += 2 * W) rotate_block_uniform<I, D, kInverse, kPrefetch, 2>(src, dst, j, pairs, c, s, distance);
+    for (int64_t j = 0; j < fours; j += 4 * W) rotate_block_uniform<I, D, kInverse, kPrefetch, 4>(src, dst, j, pairs, c, s, distance);
+    for (int64_t j = fours; j < twos; j += 2 * W) rotate_block_uniform<I, D, kInverse, kPrefetch, 2>(src, dst, j, pairs, c, s, distance);
     for (int64_t j = twos; j < full; j += W) rotate_block_uniform<I, D, kInverse, kPrefetch, 1>(src, dst, j, pairs, c, s, distance);
   }
   return full;

@@ -138,9 +138,10 @@ def test_prefetch_default_follows_the_cpu():
     flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
     x86 = platform.machine() in ("x86_64", "AMD64")  # elsewhere: no SIMD kernels, no prefetch
     amd = vendor == "AuthenticAMD"
+    amd_zen2_3 = x86 and amd and "avx512f" not in flags
     assert prefetch == str(x86 and not (amd and "avx512f" in flags))
-    assert from_bytes == str((16 << 20) if x86 and amd and "avx512f" not in flags else 32 * 1024)
-    assert distance == str(8192 if x86 and amd and "avx512f" not in flags else 2048)
+    assert from_bytes == str((16 << 20) if amd_zen2_3 else 32 * 1024)
+    assert distance == str(8192 if amd_zen2_3 else 2048)
 
 
 def test_bad_prefetch_value_is_a_clear_error():

@@ -57,31 +57,28 @@ const char* isa_name(Isa isa) { return kNames[static_cast<int>(isa)]; }
 const Prefetch& cpu_prefetch() {
   static const Prefetch chosen = []() -> Prefetch {
     constexpr int64_t kL1 = 32 * 1024;
-    bool amd = false, avx512 = false;
+    bool x86 = false, amd = false, avx512 = false;  // elsewhere: no SIMD kernels to prefetch for
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
+    x86 = true;
     amd = __builtin_cpu_is("amd");
     avx512 = __builtin_cpu_supports("avx512f");
 #endif
+    const bool amd_zen2_3 = amd && !avx512;
     // 8 KiB ahead on AMD Zen 2/3: float32 rows streamed from DRAM on Zen 3 measured ~5% faster than with
     // 2 KiB (4-12 KiB alike, 24 KiB worse); 2 KiB elsewhere, where Intel measured it (benchmarks/RESULTS.md).
-    const int64_t distance = amd && !avx512 ? 8192 : 2048;
+    const int64_t distance = amd_zen2_3 ? 8192 : 2048;
     const char* want = std::getenv("POSENC_CPU_PREFETCH");
     if (want && *want) {
       if (std::strcmp(want, "0") == 0 || std::strcmp(want, "1") == 0) return {want[0] == '1', kL1, distance};
       posenc::fail("posenc: environment variable POSENC_CPU_PREFETCH=", want, " is not 0 or 1");
     }
-#if defined(__x86_64__) && defined(__GNUC__)
     // Off on AMD CPUs with AVX-512 (Zen 4 and later), where it measured slower (Zen 4: fp32 in place
-    // 1.06 -> 1.21-1.39x the floor). Other AMD CPUs prefetch from 16 MiB of rows: Zen 3 gained from
-    // it on rows streamed from DRAM, but float32 rows of 1.3-10 MiB, which stay in its L3 from call to
-    // call (a decode batch), measured 10-30% slower with it. Intel CPUs prefetch from 32 KiB: a decode
-    // batch of two or more sequences gained there (benchmarks/RESULTS.md).
-    if (amd) return {!avx512, avx512 ? kL1 : int64_t{16} << 20, distance};
-    return {true, kL1, distance};
-#else
-    return {false, kL1, distance};
-#endif
+    // 1.06 -> 1.21-1.39x the floor). AMD Zen 2/3 prefetch from 16 MiB of rows: Zen 3 gained from it on
+    // rows streamed from DRAM, but float32 rows of 1.3-10 MiB, which stay in its L3 from call to call
+    // (a decode batch), measured 10-30% slower with it. Intel CPUs prefetch from 32 KiB: a decode batch
+    // of two or more sequences gained there (benchmarks/RESULTS.md).
+    return {x86 && !(amd && avx512), amd_zen2_3 ? int64_t{16} << 20 : kL1, distance};
   }();
   return chosen;
 }

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import os
+import platform
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -84,3 +87,26 @@ def test_bench_mrope_quick():
     for what in ("mrope_ in place", "transformers Qwen2-VL eager", "our plain RoPE in place", "mrope out of place"):
         assert what in names, f"{what!r} missing from the table:\n{proc.stdout}"
     assert "ratio range over rounds" in proc.stdout and "goals met" in proc.stdout
+
+
+MICRO = BENCH.parent / "micro"
+
+
+@pytest.mark.skipif(not MICRO.exists(), reason="benchmarks/ not in this tree")
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or shutil.which("g++") is None,
+                    reason="the row microbenchmarks are x86-64 (AVX2) programs built with g++")
+@pytest.mark.parametrize("name", ["rope_rows.cpp", "rows_from_dram.cpp"])
+def test_micro_benchmark_builds_with_its_documented_command(name, tmp_path):
+    """Each C++ microbenchmark builds with the g++ command in its header, from the repository root
+    (rows_from_dram.cpp includes the library's own csrc/cpu/simd_rows.h, so this catches a kernel
+    change that would leave it stale)."""
+    source = MICRO / name
+    commands = [line.strip("/ ").strip() for line in source.read_text().splitlines()
+                if line.startswith("//") and line.strip("/ ").startswith("g++ ")]
+    assert len(commands) == 1, f"{name}: expected one g++ command in its header, found {commands}"
+    argv = shlex.split(commands[0])
+    out = argv.index("-o")
+    argv[out + 1] = str(tmp_path / "micro")
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=BENCH.parent.parent)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "micro").stat().st_size > 0

@@ -1,0 +1,106 @@
+// Microbenchmark of the library's own float32 AVX2 row kernels (csrc/cpu/simd_rows.h) streamed from
+// DRAM over the bench's bytes (q [1,4096,32,128] and k [1,4096,8,128], in place, token by token, q
+// rows then k rows), against a multiply loop over the same bytes with and without prefetch: how far
+// each pairing's kernel is from the memory floor without the op's per-token work (benchmarks/RESULTS.md,
+// "Eleventh session"). One thread, thread CPU time, 10th percentile of 60 alternated rounds.
+//
+//   g++ -O3 -std=c++20 -mavx2 -mfma -mf16c -ffp-contract=off -Icsrc benchmarks/micro/rows_from_dram.cpp -o /tmp/rows_from_dram
+//   taskset -c 0 /tmp/rows_from_dram [prefetch distance in bytes, default 8192]
+//
+// -O3 as the library is built: at -O2 GCC keeps the half-split kernel's four-vector step as a loop.
+// The factors are constants of unit norm (cos 0.6, sin 0.8), so the data stays bounded.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <functional>
+#include <vector>
+
+#include "cpu/simd_rows.h"
+
+namespace posenc::cpu {
+// isa.cpp's choice, fixed here: prefetch on, at the distance given on the command line.
+static Prefetch g_prefetch{true, 0, 8192};
+const Prefetch& cpu_prefetch() { return g_prefetch; }
+}  // namespace posenc::cpu
+
+namespace {
+using namespace posenc::cpu;
+
+constexpr int64_t kTokens = 4096, kQ = 32, kK = 8, kDim = 128, kPairs = 64;
+volatile float one = 1.0f;  // read at run time: the compiler may not fold x * 1 away
+
+double cpu_ms() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+template <bool kPrefetch>
+__attribute__((noinline)) void floor_loop(float* x, int64_t n, int64_t distance) {
+  const __m256 f = _mm256_set1_ps(one);
+  for (int64_t i = 0; i < n; i += 16) {
+    if constexpr (kPrefetch) _mm_prefetch(reinterpret_cast<const char*>(x + i) + distance, _MM_HINT_T0);
+    _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), f));
+    _mm256_storeu_ps(x + i + 8, _mm256_mul_ps(_mm256_loadu_ps(x + i + 8), f));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1) g_prefetch.distance = std::atoll(argv[1]);
+  const int64_t distance = g_prefetch.distance;
+  std::vector<float> q(kTokens * kQ * kDim), k(kTokens * kK * kDim);
+  for (auto& v : q) v = std::rand() / static_cast<float>(RAND_MAX);
+  for (auto& v : k) v = std::rand() / static_cast<float>(RAND_MAX);
+  // Factor rows as the op lays them out (core/rope.h set_factors) and one cos/sin row per pair.
+  alignas(64) static float C_il[kDim], S_il[kDim], c[kPairs], s[kPairs];
+  for (int64_t i = 0; i < kPairs; ++i) {
+    c[i] = 0.6f, s[i] = 0.8f;
+    C_il[2 * i] = C_il[2 * i + 1] = 0.6f, S_il[2 * i] = -0.8f, S_il[2 * i + 1] = 0.8f;
+  }
+  const RowKernels& kernels = *kRowKernelsByPrefetch<Avx2>[1];
+  const RotateRowFn interleaved = kernels.rotate[kRowFloat][1];
+  const RotateUniformFn half_split = kernels.uniform[kRowFloat][0];
+  float* qp = q.data();
+  float* kp = k.data();
+
+  const std::vector<std::pair<const char*, std::function<void()>>> cases = {
+      {"floor (x * c)", [&] { floor_loop<false>(qp, q.size(), 0), floor_loop<false>(kp, k.size(), 0); }},
+      {"floor, prefetching", [&] { floor_loop<true>(qp, q.size(), distance), floor_loop<true>(kp, k.size(), distance); }},
+      {"interleaved factor rows", [&] {
+         for (int64_t t = 0; t < kTokens; ++t) {
+           interleaved(qp + t * kQ * kDim, qp + t * kQ * kDim, kQ, kDim, kDim, kPairs, C_il, S_il);
+           interleaved(kp + t * kK * kDim, kp + t * kK * kDim, kK, kDim, kDim, kPairs, C_il, S_il);
+         }
+       }},
+      {"half-split cos/sin row", [&] {
+         for (int64_t t = 0; t < kTokens; ++t) {
+           half_split(qp + t * kQ * kDim, qp + t * kQ * kDim, kQ, kDim, kDim, kPairs, c, s);
+           half_split(kp + t * kK * kDim, kp + t * kK * kDim, kK, kDim, kDim, kPairs, c, s);
+         }
+       }},
+  };
+  std::vector<std::vector<double>> times(cases.size());
+  for (auto& [name, fn] : cases) fn();  // warm-up: first touch
+  for (int round = 0; round < 60; ++round) {
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const double t0 = cpu_ms();
+      cases[i].second();
+      times[i].push_back(cpu_ms() - t0);
+    }
+  }
+  std::vector<double> p10;
+  for (auto& t : times) {
+    std::sort(t.begin(), t.end());
+    p10.push_back(t[t.size() / 10]);
+  }
+  std::printf("float32 rows from DRAM, %lld bytes, prefetch %lld bytes ahead; 10th percentile of 60 rounds\n",
+              static_cast<long long>((q.size() + k.size()) * sizeof(float)), static_cast<long long>(distance));
+  for (size_t i = 0; i < cases.size(); ++i) {
+    std::printf("  %-26s %7.2f ms  %.3fx the floor\n", cases[i].first, p10[i], p10[i] / p10[0]);
+  }
+  return 0;
+}

@@ -14,32 +14,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <functional>
 #include <vector>
 
+#include "micro_timing.h"
+
 namespace {
-
-double cpu_ms() {
-  timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
-// Minimum time of each function over 40 rounds, one call of each per round (alternated, so load
-// from other processes drifts into all of them alike).
-std::vector<double> best_ms(const std::vector<std::function<void()>>& fns) {
-  std::vector<double> best(fns.size(), 1e30);
-  for (int rep = 0; rep < 40; ++rep) {
-    for (size_t i = 0; i < fns.size(); ++i) {
-      const double t0 = cpu_ms();
-      fns[i]();
-      const double t = cpu_ms() - t0;
-      if (t < best[i]) best[i] = t;
-    }
-  }
-  return best;
-}
 
 constexpr int64_t kRows = 40, kDim = 128, kPairs = 64;
 volatile float one = 1.0f, zero = 0.0f;  // read at run time: the compiler may not fold x * 1 away
@@ -152,11 +132,11 @@ int main() {
     const int64_t rows = 4096 * kRows;
     std::vector<uint16_t> x(rows * kDim);
     for (auto& v : x) v = static_cast<uint16_t>(0x3c00 + std::rand() % 512);  // 1.0 .. 1.5
-    const std::vector<double> ms = best_ms({[&] { h_floor(x.data(), rows * kDim); },
-                                            [&] { h_floor_arith(x.data(), rows * kDim); },
-                                            [&] { h_half(x.data(), rows, C, S); },
-                                            [&] { h_half_pair(x.data(), rows, c, s); },
-                                            [&] { h_interleaved(x.data(), rows, C, S); }});
+    const std::vector<double> ms = alternated_ms({[&] { h_floor(x.data(), rows * kDim); },
+                                                  [&] { h_floor_arith(x.data(), rows * kDim); },
+                                                  [&] { h_half(x.data(), rows, C, S); },
+                                                  [&] { h_half_pair(x.data(), rows, c, s); },
+                                                  [&] { h_interleaved(x.data(), rows, C, S); }}, 40, 0.0);
     const char* names[] = {"floor (convert, multiply, convert)", "floor + rotation arithmetic",
                            "half-split, factor rows", "half-split, per-pair factors", "interleaved, factor rows"};
     std::printf("fp16, 4096 tokens x %ld rows x %ld (%.0f MiB), ms and ratio to the floor:\n", kRows, kDim,
@@ -176,12 +156,12 @@ int main() {
         for (int k = 0; k < 2000; ++k) f();
       };
     };
-    const std::vector<double> ms = best_ms({passes([&] { h_floor(x, rows * kDim); }),
-                                            passes([&] { h_convert(x, rows * kDim); }),
-                                            passes([&] { h_floor_arith(x, rows * kDim); }),
-                                            passes([&] { h_half_pair(x, rows, c, s); }),
-                                            passes([&] { h_interleaved(x, rows, C, S); }),
-                                            passes([&] { h_interleaved_fma1(x, rows, C, S); })});
+    const std::vector<double> ms = alternated_ms({passes([&] { h_floor(x, rows * kDim); }),
+                                                  passes([&] { h_convert(x, rows * kDim); }),
+                                                  passes([&] { h_floor_arith(x, rows * kDim); }),
+                                                  passes([&] { h_half_pair(x, rows, c, s); }),
+                                                  passes([&] { h_interleaved(x, rows, C, S); }),
+                                                  passes([&] { h_interleaved_fma1(x, rows, C, S); })}, 40, 0.0);
     const char* names[] = {"floor (convert, multiply, convert)", "conversions only", "floor + rotation arithmetic",
                            "half-split, per-pair factors", "interleaved, factor rows", "interleaved, add as FMA by 1"};
     std::printf("fp16, %ld rows x %ld in L1 (compute-bound), ratio to the floor:\n", rows, kDim);
@@ -190,14 +170,14 @@ int main() {
   for (int64_t tokens : {1, 64}) {
     std::vector<float> x(tokens * kRows * kDim);
     for (auto& v : x) v = (std::rand() % 1000) / 1000.0f;
-    const std::vector<double> ms = best_ms(
+    const std::vector<double> ms = alternated_ms(
         {[&] {
            for (int k = 0; k < 100; ++k) f_mul(x.data(), static_cast<int64_t>(x.size()), one);
          },
          [&] {
            for (int k = 0; k < 100; ++k)
              for (int64_t r = 0; r < tokens * kRows; ++r) f_row(x.data() + r * kDim, kPairs, c, s);
-         }});
+         }}, 40, 0.0);
     const double mul = ms[0] / 100, rot = ms[1] / 100;
     std::printf("fp32, %ld token(s) x %ld rows (%.0f KiB): multiply %.2f us, rotation %.2f us (%.2fx)\n", tokens,
                 kRows, x.size() * 4 / 1024.0, mul * 1e3, rot * 1e3, rot / mul);

@@ -9,15 +9,14 @@
 //
 // -O3 as the library is built: at -O2 GCC keeps the half-split kernel's four-vector step as a loop.
 // The factors are constants of unit norm (cos 0.6, sin 0.8), so the data stays bounded.
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <functional>
 #include <vector>
 
 #include "cpu/simd_rows.h"
+#include "micro_timing.h"
 
 namespace posenc::cpu {
 // isa.cpp's choice, fixed here: prefetch on, at the distance given on the command line.
@@ -30,12 +29,6 @@ using namespace posenc::cpu;
 
 constexpr int64_t kTokens = 4096, kQ = 32, kK = 8, kDim = 128, kPairs = 64;
 volatile float one = 1.0f;  // read at run time: the compiler may not fold x * 1 away
-
-double cpu_ms() {
-  timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
 
 template <bool kPrefetch>
 __attribute__((noinline)) void floor_loop(float* x, int64_t n, int64_t distance) {
@@ -83,20 +76,9 @@ int main(int argc, char** argv) {
          }
        }},
   };
-  std::vector<std::vector<double>> times(cases.size());
-  for (auto& [name, fn] : cases) fn();  // warm-up: first touch
-  for (int round = 0; round < 60; ++round) {
-    for (size_t i = 0; i < cases.size(); ++i) {
-      const double t0 = cpu_ms();
-      cases[i].second();
-      times[i].push_back(cpu_ms() - t0);
-    }
-  }
-  std::vector<double> p10;
-  for (auto& t : times) {
-    std::sort(t.begin(), t.end());
-    p10.push_back(t[t.size() / 10]);
-  }
+  std::vector<std::function<void()>> fns;
+  for (const auto& entry : cases) entry.second(), fns.push_back(entry.second);  // warm-up: first touch
+  const std::vector<double> p10 = alternated_ms(fns, 60, 0.1);
   std::printf("float32 rows from DRAM, %lld bytes, prefetch %lld bytes ahead; 10th percentile of 60 rounds\n",
               static_cast<long long>((q.size() + k.size()) * sizeof(float)), static_cast<long long>(distance));
   for (size_t i = 0; i < cases.size(); ++i) {

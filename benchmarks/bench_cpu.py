@@ -26,6 +26,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Optional
 
 import torch
@@ -452,8 +453,29 @@ def steady_malloc() -> str:
     return "glibc, mmap/trim thresholds raised (steady-state reuse, no first-touch faults)" if ok else "glibc (mallopt failed)"
 
 
+BUILD_INPUTS = ("csrc", "CMakeLists.txt", "pyproject.toml")
+
+
+def stale_build_warning(library: str, checkout: Path = Path(__file__).resolve().parent.parent) -> Optional[str]:
+    """A warning when the checkout these benchmarks run from has a build input (BUILD_INPUTS) newer than
+    the op library they measure: an installed wheel not rebuilt since the kernels changed measures the
+    old kernels (benchmarks/RESULTS.md, "Twelfth session"). None when the library is as new, or when
+    there is no checkout (benchmarks copied elsewhere)."""
+    files = [f for name in BUILD_INPUTS for f in ([checkout / name] if (checkout / name).is_file() else
+                                                   sorted((checkout / name).rglob("*"))) if f.is_file()]
+    if not files or not os.path.exists(library):
+        return None
+    newest = max(files, key=lambda f: f.stat().st_mtime)
+    age = newest.stat().st_mtime - os.path.getmtime(library)
+    if age <= 0:
+        return None
+    return (f"WARNING: the op library is {age / 60:.0f} min older than {newest.relative_to(checkout)}: these "
+            f"numbers are of an older build (rebuild it: `make build`)")
+
+
 def print_header(title: str, script: str, argv, quick: bool) -> dict:
-    """The lines every benchmark starts with (what ran, where, with which software); returns build_info()."""
+    """The lines every benchmark starts with (what ran, where, with which software, and whether that
+    build is older than the checkout's sources); returns build_info()."""
     command = " ".join(["python", os.path.relpath(script)] + (sys.argv[1:] if argv is None else argv))
     info = pn.build_info()
     print(title + (" (--quick: smoke-test sizes)" if quick else ""))
@@ -462,6 +484,10 @@ def print_header(title: str, script: str, argv, quick: bool) -> dict:
     print(f"machine:  {cpu_model()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}{load}")
     print(f"software: python {platform.python_version()}, torch {torch.__version__}, posenc-native {info['version']} "
           f"({info['cxx_compiler']})")
+    print(f"library:  {info['library']}")
+    warning = stale_build_warning(info["library"])
+    if warning:
+        print(warning)
     return info
 
 

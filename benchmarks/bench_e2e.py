@@ -21,6 +21,7 @@ import platform
 import statistics
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -124,6 +125,16 @@ def main(argv=None) -> int:
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
     print(f"machine:  {platform.machine()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, "
           f"torch {torch.__version__}, transformers {transformers.__version__} {gpu}")
+    import posenc_native as pn
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_cpu import stale_build_warning
+
+    library = pn.build_info()["library"]
+    print(f"library:  {library}")
+    warning = stale_build_warning(library)
+    if warning:
+        print(warning)
     print(f"models:   random weights, 4 layers, hidden 512, 8 heads (2 kv), vocab 32000, sdpa (Gemma 2: eager), {args.dtype}, "
           f"{device}; prefill {args.prefill} tokens, then greedy generation of {args.new} tokens; median of "
           f"{args.repeat}\n")

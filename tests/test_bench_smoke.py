@@ -39,6 +39,8 @@ def test_bench_quick_sinusoidal():
     out = proc.stdout
     assert "command:  python benchmarks/bench_cpu.py --quick --only sinusoidal" in out
     assert "machine:" in out and "cores" in out and "torch threads" in out
+    import posenc_native as pn
+    assert f"library:  {pn.build_info()['library']}" in out  # the build measured (and whether it is stale)
     rows = table_rows(out)
     names = " ".join(rows)
     for what in ("sinusoidal_table", "seed pure-PyTorch table", "torch.empty + fill_", "add_sinusoidal",
@@ -62,6 +64,34 @@ def test_bench_quick_rope():
         assert what in names, f"{what!r} missing from the table:\n{proc.stdout}"
     assert not any(r.startswith("sinusoidal") for r in rows)
     assert "CPU path:" in proc.stdout
+
+
+@pytest.mark.skipif(not BENCH.exists(), reason="benchmarks/ not in this tree")
+def test_bench_warns_when_the_library_is_older_than_the_sources(tmp_path):
+    """An op library older than a build input of the checkout (an installed wheel not rebuilt since the
+    kernels changed) is named in the header as such; as new, or without a checkout, nothing is said."""
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        from bench_cpu import stale_build_warning
+    finally:
+        sys.path.remove(str(BENCH.parent))
+    checkout = tmp_path / "checkout"
+    (checkout / "csrc" / "cpu").mkdir(parents=True)
+    kernel, cmake = checkout / "csrc" / "cpu" / "rows.h", checkout / "CMakeLists.txt"
+    kernel.write_text("// kernel")
+    cmake.write_text("project(x)")
+    library = tmp_path / "libposenc_ops.so"
+    library.write_bytes(b"\x7fELF")
+    os.utime(cmake, (1_000_000, 1_000_000))
+    os.utime(library, (2_000_000, 2_000_000))
+    os.utime(kernel, (2_000_000 + 600, 2_000_000 + 600))  # edited 10 minutes after the build
+    warning = stale_build_warning(str(library), checkout)
+    assert warning is not None and "10 min older than csrc/cpu/rows.h" in warning and "make build" in warning
+    os.utime(kernel, (1_500_000, 1_500_000))
+    assert stale_build_warning(str(library), checkout) is None
+    os.utime(cmake, (3_000_000, 3_000_000))
+    assert "CMakeLists.txt" in stale_build_warning(str(library), checkout)
+    assert stale_build_warning(str(library), tmp_path / "no checkout here") is None
 
 
 @pytest.mark.skipif(not BENCH.exists(), reason="benchmarks/ not in this tree")

@@ -461,8 +461,10 @@ def stale_build_warning(library: str, checkout: Path = Path(__file__).resolve().
     the op library they measure: an installed wheel not rebuilt since the kernels changed measures the
     old kernels (benchmarks/RESULTS.md, "Twelfth session"). None when the library is as new, or when
     there is no checkout (benchmarks copied elsewhere)."""
-    files = [f for name in BUILD_INPUTS for f in ([checkout / name] if (checkout / name).is_file() else
-                                                   sorted((checkout / name).rglob("*"))) if f.is_file()]
+    files = []
+    for name in BUILD_INPUTS:
+        path = checkout / name
+        files += [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
     if not files or not os.path.exists(library):
         return None
     newest = max(files, key=lambda f: f.stat().st_mtime)
@@ -471,6 +473,14 @@ def stale_build_warning(library: str, checkout: Path = Path(__file__).resolve().
         return None
     return (f"WARNING: the op library is {age / 60:.0f} min older than {newest.relative_to(checkout)}: these "
             f"numbers are of an older build (rebuild it: `make build`)")
+
+
+def print_library(library: str) -> None:
+    """The header's line naming the op library measured, and the stale-build warning under it."""
+    print(f"library:  {library}")
+    warning = stale_build_warning(library)
+    if warning:
+        print(warning)
 
 
 def print_header(title: str, script: str, argv, quick: bool) -> dict:
@@ -484,10 +494,7 @@ def print_header(title: str, script: str, argv, quick: bool) -> dict:
     print(f"machine:  {cpu_model()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}{load}")
     print(f"software: python {platform.python_version()}, torch {torch.__version__}, posenc-native {info['version']} "
           f"({info['cxx_compiler']})")
-    print(f"library:  {info['library']}")
-    warning = stale_build_warning(info["library"])
-    if warning:
-        print(warning)
+    print_library(info["library"])
     return info
 
 

@@ -128,13 +128,9 @@ def main(argv=None) -> int:
     import posenc_native as pn
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_cpu import stale_build_warning
+    from bench_cpu import print_library
 
-    library = pn.build_info()["library"]
-    print(f"library:  {library}")
-    warning = stale_build_warning(library)
-    if warning:
-        print(warning)
+    print_library(pn.build_info()["library"])
     print(f"models:   random weights, 4 layers, hidden 512, 8 heads (2 kv), vocab 32000, sdpa (Gemma 2: eager), {args.dtype}, "
           f"{device}; prefill {args.prefill} tokens, then greedy generation of {args.new} tokens; median of "
           f"{args.repeat}\n")

@@ -28,8 +28,8 @@ std::string cpu_path() {
     return "invalid POSENC_CPU_ISA";
   }
 }
-// The SIMD kernels' prefetch (csrc/cpu/isa.h, Prefetch) as JSON fields, each null where
-// POSENC_CPU_PREFETCH is invalid.
+// The SIMD kernels' prefetch (csrc/cpu/isa.h, Prefetch) and the streaming threshold (Streaming) as JSON
+// fields, each null where POSENC_CPU_PREFETCH (POSENC_CPU_STREAM) is invalid.
 std::string prefetch_fields() {
   std::string on = "null", from_bytes = "null", distance = "null";
   try {
@@ -39,8 +39,13 @@ std::string prefetch_fields() {
     distance = std::to_string(p.distance);
   } catch (const std::exception&) {
   }
+  std::string stream_from = "null";
+  try {
+    stream_from = std::to_string(cpu::cpu_streaming().from_bytes);
+  } catch (const std::exception&) {
+  }
   return ", \"cpu_prefetch\": " + on + ", \"cpu_prefetch_from_bytes\": " + from_bytes +
-         ", \"cpu_prefetch_distance\": " + distance;
+         ", \"cpu_prefetch_distance\": " + distance + ", \"cpu_stream_from_bytes\": " + stream_from;
 }
 }  // namespace
 

@@ -61,6 +61,7 @@ def _env(**set_vars: str) -> dict:
     env.pop("POSENC_CPU_PORTABLE", None)
     env.pop("POSENC_CPU_ISA", None)
     env.pop("POSENC_CPU_PREFETCH", None)
+    env.pop("POSENC_CPU_STREAM", None)
     env.update(set_vars)
     return env
 
@@ -164,3 +165,59 @@ def test_unknown_isa_name_is_a_clear_error(tmp_path):
                           text=True, timeout=120)
     assert proc.returncode != 0
     assert "POSENC_CPU_ISA=sse9" in proc.stderr and "avx2" in proc.stderr
+
+
+# Sinusoidal tables over POSENC_CPU_STREAM: float32 in both layouts and an odd dim (rows of 4 * 77 bytes,
+# so the non-temporal stores start mid-row and leave a tail), 16-bit and float64 outputs, fractional
+# positions, and one table past the default 32 MiB threshold.
+_TABLES = """
+import sys, torch, posenc_native as pn
+g = torch.Generator().manual_seed(int(sys.argv[2]))
+pos = torch.rand(300, generator=g, dtype=torch.float64) * 2 ** 20
+out = [pn.sinusoidal_table(1000, 64), pn.sinusoidal_table(1000, 77, interleaved=False, cos_first=True),
+       pn.sinusoidal_table(pos, 130, freq_shift=1.0, angle_scale=0.5), pn.sinusoidal_table(513, 96, dtype=torch.bfloat16),
+       pn.sinusoidal_table(513, 96, dtype=torch.float16), pn.sinusoidal_table(700, 62, dtype=torch.float64),
+       pn.sinusoidal_table(8200, 1024), pos]
+torch.save((pn.build_info()["cpu_stream_from_bytes"], out), sys.argv[1])
+"""
+
+
+def _tables(tmp_path: Path, name: str, env: dict, seed: int) -> tuple[int, list]:
+    path = tmp_path / f"{name}.pt"
+    proc = subprocess.run([sys.executable, "-c", _TABLES, str(path), str(seed)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return torch.load(path)
+
+
+def test_streamed_tables_have_the_same_bits(tmp_path):
+    """POSENC_CPU_STREAM=1 writes every table with non-temporal stores, =0 none, the default those of
+    32 MiB and more (csrc/cpu/isa.h, Streaming): the same bits every way, and the float64 reference's
+    values."""
+    seed = int(torch.randint(0, 2 ** 31, ()))
+    never_from, never = _tables(tmp_path, "never", _env(POSENC_CPU_STREAM="0"), seed)
+    always_from, always = _tables(tmp_path, "always", _env(POSENC_CPU_STREAM="1"), seed)
+    default_from, default = _tables(tmp_path, "default", _env(), seed)
+    assert always_from == 0 and never_from == 2 ** 63 - 1
+    assert default_from == (32 << 20 if platform.machine() in ("x86_64", "AMD64") else never_from)
+    for i, (a, b, c) in enumerate(zip(always, never, default)):
+        assert torch.equal(a, b) and torch.equal(a, c), f"table {i} differs with streaming"
+    from posenc_native import reference
+    pos = always[-1]
+    truths = [reference.sinusoidal_table(1000, 64), reference.sinusoidal_table(1000, 77, interleaved=False, cos_first=True),
+              reference.sinusoidal_table(pos, 130, freq_shift=1.0, angle_scale=0.5),
+              reference.sinusoidal_table(513, 96), reference.sinusoidal_table(513, 96),
+              reference.sinusoidal_table(700, 62), reference.sinusoidal_table(8200, 1024)]
+    for i, (out, truth) in enumerate(zip(always, truths)):
+        tol = {torch.float32: 2e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3, torch.float64: 1e-12}[out.dtype]
+        err = (out.double() - truth).abs().max().item()
+        assert err <= tol, f"table {i} ({out.dtype}): max error {err:.2e} > {tol:.0e}"
+        assert out.abs().sum() > 0
+
+
+def test_bad_stream_value_is_a_clear_error():
+    code = "import posenc_native as pn\npn.sinusoidal_table(8, 4)\n"
+    proc = subprocess.run([sys.executable, "-c", code], env=_env(POSENC_CPU_STREAM="on"),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "POSENC_CPU_STREAM=on" in proc.stderr and "0 or 1" in proc.stderr

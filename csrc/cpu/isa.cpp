@@ -4,6 +4,7 @@
 #include "host/stable.h"
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 
 namespace posenc::cpu {
@@ -79,6 +80,26 @@ const Prefetch& cpu_prefetch() {
     // (a decode batch), measured 10-30% slower with it. Intel CPUs prefetch from 32 KiB: a decode batch
     // of two or more sequences gained there (benchmarks/RESULTS.md).
     return {x86 && !(amd && avx512), amd_zen2_3 ? int64_t{16} << 20 : kL1, distance};
+  }();
+  return chosen;
+}
+
+// Read once per process (isa.h). 32 MiB: on AMD Zen 3 (32 MiB of L3, two threads) float32 tables of
+// 8192 x 1024 (32 MiB) and 32768 x 1024 measured 13-20% faster streamed, one of 2048 x 1024 (8 MiB)
+// 0-10% slower (benchmarks/RESULTS.md, "Thirteenth session").
+const Streaming& cpu_streaming() {
+  static const Streaming chosen = []() -> Streaming {
+    constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+    const char* want = std::getenv("POSENC_CPU_STREAM");
+    if (want && *want) {
+      if (std::strcmp(want, "0") == 0 || std::strcmp(want, "1") == 0) return {want[0] == '1' ? 0 : kNever};
+      posenc::fail("posenc: environment variable POSENC_CPU_STREAM=", want, " is not 0 or 1");
+    }
+#if defined(__x86_64__) || defined(_M_X64)
+    return {int64_t{32} << 20};
+#else
+    return {kNever};  // the non-temporal stores are x86's (sinusoidal_cpu.cpp)
+#endif
   }();
   return chosen;
 }

@@ -83,6 +83,17 @@ struct Prefetch {
 };
 // Throws on a POSENC_CPU_PREFETCH value other than 0 or 1.
 const Prefetch& cpu_prefetch();
+// Non-temporal stores for outputs that cannot stay in cache (cpu/sinusoidal_cpu.cpp, the table), chosen
+// once per process (isa.cpp, cpu_streaming): written so, a line is not first read into the cache (read
+// for ownership), so a table streamed to DRAM moves about half the bytes. from_bytes: the output size
+// from which a call streams, 32 MiB (an output that fits in L3 stays there for its reader);
+// POSENC_CPU_STREAM=0 never streams, =1 streams every output.
+struct Streaming {
+  int64_t from_bytes;
+  bool for_output(int64_t bytes) const { return bytes >= from_bytes; }
+};
+// Throws on a POSENC_CPU_STREAM value other than 0 or 1.
+const Streaming& cpu_streaming();
 // The kernels of `isa` (nullptr for Portable), with or without prefetch.
 const RowKernels* row_kernels(Isa isa, bool prefetch);
 

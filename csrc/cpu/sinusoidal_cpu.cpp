@@ -1,8 +1,14 @@
 // CPU kernels of the sinusoidal ops: rows in parallel; per row one vectorized pass computes the
 // sin/cos of every pair, a second writes them in the requested layout (plus x * x_scale).
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#if defined(__x86_64__) || defined(_M_X64)
+#include <emmintrin.h>
+#endif
 #include <vector>
 
+#include "cpu/isa.h"
 #include "cpu/kernels.h"
 #include "cpu/sincos_stream.h"
 
@@ -23,6 +29,24 @@ void write_encoding(T* __restrict__ out, const S* first, const S* second, int64_
   if (dim % 2 == 1) out[dim - 1] = T(0);
 }
 
+// n bytes from src to dst, with non-temporal stores (cpu/isa.h, Streaming) where dst is 16-byte aligned
+// and plain copies at the ends. SSE2's, which every x86-64 CPU has.
+inline void stream_copy(void* dst, const void* src, int64_t n) {
+#if defined(__x86_64__) || defined(_M_X64)
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  const int64_t head = std::min<int64_t>(n, (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16);
+  std::memcpy(d, s, head);
+  int64_t i = head;
+  for (; i + 16 <= n; i += 16) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+  }
+  std::memcpy(d + i, s + i, n - i);
+#else
+  std::memcpy(dst, src, n);
+#endif
+}
+
 // out = x * x_scale + pe, one row.
 template <typename T, typename M>
 void add_encoding(T* __restrict__ out, const T* x, int64_t x_stride, M x_scale, const M* pe, int64_t dim) {
@@ -41,6 +65,9 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
   SinCosStream<M> angles(freq, half, M(1));
   const auto position_of = [&](int64_t u) { return p.position(u / p.seq, u % p.seq); };
   std::vector<M> pe_rows(p.x ? kBlock * dim : 0);
+  // The table, when it is too big to stay in cache: each row is encoded in L1 and streamed out.
+  const bool stream = !p.x && cpu_streaming().for_output(p.seq * dim * static_cast<int64_t>(sizeof(T)));
+  std::vector<T> row(stream ? dim : 0);
   const auto encode_from = [&](auto* out, const auto* sin_v, const auto* cos_v) {
     const auto* first = prm.cos_first ? cos_v : sin_v;
     const auto* second = prm.cos_first ? sin_v : cos_v;
@@ -73,6 +100,9 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
       angles.at(block + j, position_of, /*math_rows=*/false);
       if (p.x) {
         encode(pe_rows.data() + j * dim);
+      } else if (stream) {
+        encode(row.data());
+        stream_copy(static_cast<T*>(p.out) + s * p.out_stride_s, row.data(), dim * sizeof(T));
       } else {
         encode(static_cast<T*>(p.out) + s * p.out_stride_s);  // the table: batch 1
       }
@@ -86,6 +116,9 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
       for (int64_t j = 0; j < n; ++j) add_row((block + j) / p.seq, (block + j) % p.seq, pe_rows.data() + j * dim);
     }
   }
+#if defined(__x86_64__) || defined(_M_X64)
+  if (stream) _mm_sfence();  // non-temporal stores are weakly ordered: visible before the loop's end is
+#endif
 }
 
 template <typename T>

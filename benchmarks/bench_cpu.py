@@ -138,9 +138,9 @@ def section_sinusoidal(s: Settings) -> list[Row]:
 
     # The seed forms its angles in float32 (errors up to ~L * 6e-8 rad), hence the loose check.
     check("sinusoidal_table vs seed", pn.sinusoidal_table(L, d), seed_sinusoidal_table(L, d), 1e-3)
-    ours = bench(lambda: pn.sinusoidal_table(L, d), s)
+    # each timed alongside its floor (bench_together), as the RoPE rows are
+    ours, fill = bench_together([lambda: pn.sinusoidal_table(L, d), lambda: torch.empty(L, d).fill_(0.5)], s)
     seed = bench(lambda: seed_sinusoidal_table(L, d), s)
-    fill = bench(lambda: torch.empty(L, d).fill_(0.5), s)
     name = f"sinusoidal_table L={L} d={d} fp32"
     rows.append(Row(name, ours, "seed pure-PyTorch table", seed, Goal(1 / 3, ">= 3x faster")))
     rows.append(Row(name, ours, "torch.empty + fill_", fill, Goal(1.5, "<= 1.5x")))
@@ -149,9 +149,7 @@ def section_sinusoidal(s: Settings) -> list[Row]:
     x = torch.randn(B, S, D, generator=g)
     pe = pn.sinusoidal_table(S, D).unsqueeze(0)  # precomputed, as the seed module's buffer
     check("add_sinusoidal vs x + pe", pn.add_sinusoidal(x), x + pe[:, :S], 1e-6)
-    ours = bench(lambda: pn.add_sinusoidal(x), s)
-    eager = bench(lambda: x + pe[:, :S], s)
-    copy = bench(lambda: x.clone(), s)
+    ours, eager, copy = bench_together([lambda: pn.add_sinusoidal(x), lambda: x + pe[:, :S], lambda: x.clone()], s)
     name = f"add_sinusoidal x=[{B},{S},{D}] fp32"
     rows.append(Row(name, ours, "eager x + pe[:, :S]", eager))
     rows.append(Row(name, ours, "x.clone()", copy, Goal(1.3, "<= 1.3x")))
@@ -529,7 +527,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     isa = info.get("cpu_isa", "unknown (a library without POSENC_CPU_ISA)")
     print(f"CPU path: {isa} (POSENC_CPU_ISA={os.environ.get('POSENC_CPU_ISA', '')!r} caps it), software prefetch "
           f"{info.get('cpu_prefetch', 'unknown')} from {info.get('cpu_prefetch_from_bytes', 'unknown')} bytes of rows, "
-          f"{info.get('cpu_prefetch_distance', 'unknown')} bytes ahead (POSENC_CPU_PREFETCH={os.environ.get('POSENC_CPU_PREFETCH', '')!r})")
+          f"{info.get('cpu_prefetch_distance', 'unknown')} bytes ahead (POSENC_CPU_PREFETCH={os.environ.get('POSENC_CPU_PREFETCH', '')!r}); "
+          f"tables streamed from {info.get('cpu_stream_from_bytes', 'unknown')} bytes "
+          f"(POSENC_CPU_STREAM={os.environ.get('POSENC_CPU_STREAM', '')!r})")
     print(f"malloc:   {allocator}")
     print(f"decode:   fast path through the {info.get('fast_path') or 'general path (no _direct extension)'}")
     print(f"timing:   {args.clock} clock, {args.stat} of >= {settings.repeat} calls (and >= {settings.min_time} s) after {settings.warmup} "

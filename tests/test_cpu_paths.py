@@ -89,10 +89,14 @@ def portable(tmp_path_factory) -> list:
     return out
 
 
-@pytest.mark.parametrize("prefetch", ("0", "1"))
+# POSENC_CPU_STREAM=1: the out-of-place calls whose rows lie on 64-byte boundaries (head_dim 128 and 96
+# with float32, 128 with 16-bit types here) write them with non-temporal stores (csrc/cpu/rope_cpu.cpp,
+# streams_output); the same bits.
+@pytest.mark.parametrize("prefetch,stream", (("0", "0"), ("1", "0"), ("0", "1"), ("1", "1")))
 @pytest.mark.parametrize("path", PATHS[1:])
-def test_every_simd_path_equals_portable(tmp_path, portable, path, prefetch):
-    taken, prefetched, out = _run_prefetch(tmp_path, path, _env(POSENC_CPU_ISA=path, POSENC_CPU_PREFETCH=prefetch))
+def test_every_simd_path_equals_portable(tmp_path, portable, path, prefetch, stream):
+    taken, prefetched, out = _run_prefetch(tmp_path, path, _env(POSENC_CPU_ISA=path, POSENC_CPU_PREFETCH=prefetch,
+                                                                POSENC_CPU_STREAM=stream))
     if taken != path:
         pytest.skip(f"this CPU or build has no {path} path (capped to {taken})")
     # forced on: from 32 KiB of rows on every CPU, so the 64-token problems run the prefetching kernels

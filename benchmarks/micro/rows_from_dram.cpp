@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
     c[i] = 0.6f, s[i] = 0.8f;
     C_il[2 * i] = C_il[2 * i + 1] = 0.6f, S_il[2 * i] = -0.8f, S_il[2 * i + 1] = 0.8f;
   }
-  const RowKernels& kernels = *kRowKernelsByPrefetch<Avx2>[1];
+  const RowKernels& kernels = *kRowKernelsFor<Avx2>[1][0];
   const RotateRowFn interleaved = kernels.rotate[kRowFloat][1];
   const RotateUniformFn half_split = kernels.uniform[kRowFloat][0];
   float* qp = q.data();

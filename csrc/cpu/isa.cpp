@@ -17,13 +17,13 @@ Isa detected() {
   Isa best = Isa::Portable;
 #if defined(__x86_64__) && defined(__GNUC__)
   __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && row_kernels_avx2(false);
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && row_kernels_avx2(false, false);
   // F16C has no __builtin_cpu_supports name in GCC 12; every AVX2 CPU shipped so far has it, and
   // AVX-512F implies it. A hypothetical AVX2 CPU without it: set POSENC_CPU_ISA=portable.
   const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                      row_kernels_avx512(false);
-  const bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16") && row_kernels_avx512bf16(false);
+                      row_kernels_avx512(false, false);
+  const bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16") && row_kernels_avx512bf16(false, false);
   best = bf16 ? Isa::Avx512Bf16 : avx512 ? Isa::Avx512 : avx2 ? Isa::Avx2 : Isa::Portable;
 #endif
   return best;
@@ -86,7 +86,8 @@ const Prefetch& cpu_prefetch() {
 
 // Read once per process (isa.h). 32 MiB: on AMD Zen 3 (32 MiB of L3, two threads) float32 tables of
 // 8192 x 1024 (32 MiB) and 32768 x 1024 measured 13-20% faster streamed, one of 2048 x 1024 (8 MiB)
-// 0-10% slower (benchmarks/RESULTS.md, "Thirteenth session").
+// 0-10% slower; out-of-place float32 RoPE over [1,4096,32,128] + [..,8,..] (80 MiB) ~1.5x faster
+// (benchmarks/RESULTS.md, "Thirteenth session").
 const Streaming& cpu_streaming() {
   static const Streaming chosen = []() -> Streaming {
     constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
@@ -104,11 +105,11 @@ const Streaming& cpu_streaming() {
   return chosen;
 }
 
-const RowKernels* row_kernels(Isa isa, bool prefetch) {
+const RowKernels* row_kernels(Isa isa, bool prefetch, bool stream) {
   switch (isa) {
-    case Isa::Avx2: return row_kernels_avx2(prefetch);
-    case Isa::Avx512: return row_kernels_avx512(prefetch);
-    case Isa::Avx512Bf16: return row_kernels_avx512bf16(prefetch);
+    case Isa::Avx2: return row_kernels_avx2(prefetch, stream);
+    case Isa::Avx512: return row_kernels_avx512(prefetch, stream);
+    case Isa::Avx512Bf16: return row_kernels_avx512bf16(prefetch, stream);
     default: return nullptr;
   }
 }

@@ -57,11 +57,11 @@ struct RowKernels {
   RotateUniformFn uniform[3][2];     // [RowDtype][inverse], half-split; nullptr where rotate[.][0] measured faster
 };
 
-// The row kernels of each SIMD path, with or without prefetch, or nullptr where this build has none
-// (rows_*.cpp).
-const RowKernels* row_kernels_avx2(bool prefetch);
-const RowKernels* row_kernels_avx512(bool prefetch);
-const RowKernels* row_kernels_avx512bf16(bool prefetch);
+// The row kernels of each SIMD path, with or without prefetch, with or without non-temporal stores
+// (Streaming, below), or nullptr where this build has none (rows_*.cpp).
+const RowKernels* row_kernels_avx2(bool prefetch, bool stream);
+const RowKernels* row_kernels_avx512(bool prefetch, bool stream);
+const RowKernels* row_kernels_avx512bf16(bool prefetch, bool stream);
 
 // The path the kernels take: the best this CPU and build have, capped by POSENC_CPU_ISA (isa.cpp).
 // Throws on a POSENC_CPU_ISA value that is not one of the names above.
@@ -83,18 +83,19 @@ struct Prefetch {
 };
 // Throws on a POSENC_CPU_PREFETCH value other than 0 or 1.
 const Prefetch& cpu_prefetch();
-// Non-temporal stores for outputs that cannot stay in cache (cpu/sinusoidal_cpu.cpp, the table), chosen
-// once per process (isa.cpp, cpu_streaming): written so, a line is not first read into the cache (read
-// for ownership), so a table streamed to DRAM moves about half the bytes. from_bytes: the output size
-// from which a call streams, 32 MiB (an output that fits in L3 stays there for its reader);
-// POSENC_CPU_STREAM=0 never streams, =1 streams every output.
+// Non-temporal stores for outputs that cannot stay in cache (sinusoidal tables, cpu/sinusoidal_cpu.cpp;
+// out-of-place RoPE outputs with rows on 64-byte boundaries, cpu/rope_cpu.cpp), chosen once per
+// process (isa.cpp, cpu_streaming): written so, a line is not first read into the cache (read for
+// ownership), so an output streamed to DRAM moves half the bytes of plain stores. from_bytes: the
+// output size from which a call streams, 32 MiB (an output that fits in L3 stays there for its
+// reader); POSENC_CPU_STREAM=0 never streams, =1 streams every output that can be.
 struct Streaming {
   int64_t from_bytes;
   bool for_output(int64_t bytes) const { return bytes >= from_bytes; }
 };
 // Throws on a POSENC_CPU_STREAM value other than 0 or 1.
 const Streaming& cpu_streaming();
-// The kernels of `isa` (nullptr for Portable), with or without prefetch.
-const RowKernels* row_kernels(Isa isa, bool prefetch);
+// The kernels of `isa` (nullptr for Portable), with or without prefetch and non-temporal stores.
+const RowKernels* row_kernels(Isa isa, bool prefetch, bool stream);
 
 }  // namespace posenc::cpu

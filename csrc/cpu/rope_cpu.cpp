@@ -4,6 +4,9 @@
 // finished by the portable loop.
 #include <cstring>
 #include <type_traits>
+#if defined(__x86_64__) || defined(_M_X64)
+#include <emmintrin.h>
+#endif
 
 #include "cpu/isa.h"
 #include "cpu/kernels.h"
@@ -153,6 +156,19 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
   }
 }
 
+// Whether an out-of-place call may write its rows with non-temporal stores (cpu/isa.h, Streaming):
+// big enough, and every vector store of the SIMD kernels on its own size's boundary (up to 64 bytes:
+// each row, and half-split's second half, on a 64-byte boundary). In place, the rows are in cache
+// already: plain stores.
+bool streams_output(const RopeProblem& p, int64_t bytes, int64_t element) {
+  const auto aligned = [&](const RopeOperand& o) {
+    const auto on64 = [&](int64_t elements) { return elements * element % 64 == 0; };
+    return o.dst != o.src && reinterpret_cast<uintptr_t>(o.dst) % 64 == 0 && on64(o.dst_stride_b) &&
+           on64(o.dst_stride_s) && on64(o.dst_stride_h) && on64(p.pairs());
+  };
+  return cpu_streaming().for_output(bytes) && aligned(p.q) && (p.k.heads == 0 || aligned(p.k));
+}
+
 template <typename T, bool kInterleaved, bool kInverse>
 void run_typed(const RopeProblem& p) {
   RotateRowFn simd = nullptr;
@@ -160,22 +176,29 @@ void run_typed(const RopeProblem& p) {
   RotateUniformFn uniform = nullptr;  // half-split from frequencies only
   const int64_t tokens = p.batch * p.seq;
   const int64_t per_token = std::max<int64_t>((p.q.heads + p.k.heads) * p.head_dim, 1);  // elements
+  bool stream = false;
   if constexpr (kRowDtype<T> >= 0) {
-    const bool prefetch = cpu_prefetch().for_rows(tokens * per_token * static_cast<int64_t>(sizeof(T)));
-    if (const RowKernels* k = row_kernels(cpu_isa(), prefetch)) {
+    const int64_t bytes = tokens * per_token * static_cast<int64_t>(sizeof(T));
+    const bool prefetch = cpu_prefetch().for_rows(bytes);
+    stream = streams_output(p, bytes, sizeof(T));
+    if (const RowKernels* k = row_kernels(cpu_isa(), prefetch, stream)) {
       simd = k->rotate[kRowDtype<T>][kInterleaved ? 1 : 0];
       order = k->order[kRowDtype<T>][kInterleaved ? 1 : 0];
       if (!kInterleaved && p.inv_freq) uniform = k->uniform[kRowDtype<T>][kInverse ? 1 : 0];
     }
   }
   const int64_t grain = std::max<int64_t>(1, 32768 / per_token);
+  const auto run = [&](int64_t begin, int64_t end) {
+    rope_tokens<T, kInterleaved, kInverse>(p, simd, order, uniform, begin, end);
+#if defined(__x86_64__) || defined(_M_X64)
+    if (stream) _mm_sfence();  // non-temporal stores are weakly ordered: visible before this chunk ends
+#endif
+  };
   if (tokens <= grain) {  // one chunk (a decode step): as parallel_for would run it, without its ~50 ns
-    rope_tokens<T, kInterleaved, kInverse>(p, simd, order, uniform, 0, tokens);
+    run(0, tokens);
     return;
   }
-  torch::stable::parallel_for(0, tokens, grain, [&](int64_t begin, int64_t end) {
-    rope_tokens<T, kInterleaved, kInverse>(p, simd, order, uniform, begin, end);
-  });
+  torch::stable::parallel_for(0, tokens, grain, run);
 }
 
 }  // namespace

@@ -3,9 +3,9 @@
 
 namespace posenc::cpu {
 
-const RowKernels* row_kernels_avx2(bool prefetch) {
+const RowKernels* row_kernels_avx2(bool prefetch, bool stream) {
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
-  return kRowKernelsByPrefetch<Avx2>[prefetch];
+  return kRowKernelsFor<Avx2>[prefetch][stream];
 #else
   return nullptr;  // a build without this instruction set
 #endif

@@ -3,9 +3,9 @@
 
 namespace posenc::cpu {
 
-const RowKernels* row_kernels_avx512(bool prefetch) {
+const RowKernels* row_kernels_avx512(bool prefetch, bool stream) {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
-  return kRowKernelsByPrefetch<Avx512>[prefetch];
+  return kRowKernelsFor<Avx512>[prefetch][stream];
 #else
   return nullptr;  // a build without this instruction set
 #endif

@@ -33,9 +33,36 @@ struct Half {
   static constexpr int kIndex = kRowHalf;
 };
 
-// Load/store of W floats as element type D, for instruction set I (specialized below).
+// Load/store of W floats as element type D, for instruction set I (specialized below). store<true>
+// writes with non-temporal stores (cpu/isa.h, Streaming), which need the address aligned to the
+// vector's size: the caller streams only rows so aligned (rope_cpu.cpp).
 template <class I, class D>
 struct Io;
+
+#if defined(__AVX2__)
+template <bool kStream>
+inline void put(float* p, __m256 v) {
+  if constexpr (kStream) _mm256_stream_ps(p, v); else _mm256_storeu_ps(p, v);
+}
+template <bool kStream>
+inline void put(uint16_t* p, __m128i v) {
+  if constexpr (kStream) _mm_stream_si128(reinterpret_cast<__m128i*>(p), v); else _mm_storeu_si128(reinterpret_cast<__m128i*>(p), v);
+}
+template <bool kStream>
+inline void put(uint16_t* p, __m256i v) {
+  if constexpr (kStream) _mm256_stream_si256(reinterpret_cast<__m256i*>(p), v); else _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
+}
+#endif
+#if defined(__AVX512F__)
+template <bool kStream>
+inline void put(float* p, __m512 v) {
+  if constexpr (kStream) _mm512_stream_ps(p, v); else _mm512_storeu_ps(p, v);
+}
+template <bool kStream>
+inline void put(uint16_t* p, __m512i v) {
+  if constexpr (kStream) _mm512_stream_si512(reinterpret_cast<__m512i*>(p), v); else _mm512_storeu_si512(p, v);
+}
+#endif
 
 #if defined(__AVX2__) && defined(__F16C__)
 struct Avx2 {
@@ -75,14 +102,16 @@ struct Io<Avx2Fma, D> : Io<Avx2, D> {};
 template <>
 struct Io<Avx2, Float> {
   static __m256 load(const float* p) { return _mm256_loadu_ps(p); }
-  static void store(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+  template <bool kStream = false>
+  static void store(float* p, __m256 v) { put<kStream>(p, v); }
 };
 
 template <>
 struct Io<Avx2, Half> {
   static __m256 load(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  template <bool kStream = false>
   static void store(uint16_t* p, __m256 v) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    put<kStream>(p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
 };
 
@@ -100,10 +129,11 @@ struct Io<Avx2, BFloat16> {
     const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), lsb), 16);
     return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
   }
+  template <bool kStream = false>
   static void store(uint16_t* p, __m256 v) {
     const __m256i r = round(v);  // packus works per 128-bit lane: keep quadwords 0 and 2
     const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+    put<kStream>(p, _mm256_castsi256_si128(packed));
   }
   // 16 values as two vectors of the even and of the odd elements (kEvenOdd: the factor rows are
   // reordered to match, even_odd_factors): a bf16 is the high half of a float32, so this is a shift
@@ -121,6 +151,7 @@ struct Io<Avx2, BFloat16> {
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
     return _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), lsb);
   }
+  template <bool kStream = false>
   static void store2(uint16_t* p, __m256 even, __m256 odd) {
     __m256i e = round_high(even), o = round_high(odd);
     const __m256 any_nan = _mm256_cmp_ps(even, odd, _CMP_UNORD_Q);
@@ -129,7 +160,7 @@ struct Io<Avx2, BFloat16> {
       e = _mm256_blendv_epi8(e, nan, _mm256_castps_si256(_mm256_cmp_ps(even, even, _CMP_UNORD_Q)));
       o = _mm256_blendv_epi8(o, nan, _mm256_castps_si256(_mm256_cmp_ps(odd, odd, _CMP_UNORD_Q)));
     }
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_blend_epi16(_mm256_srli_epi32(e, 16), o, 0xAA));
+    put<kStream>(p, _mm256_blend_epi16(_mm256_srli_epi32(e, 16), o, 0xAA));
   }
 };
 #endif
@@ -148,7 +179,8 @@ struct Avx512 {
 template <>
 struct Io<Avx512, Float> {
   static __m512 load(const float* p) { return _mm512_loadu_ps(p); }
-  static void store(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+  template <bool kStream = false>
+  static void store(float* p, __m512 v) { put<kStream>(p, v); }
 };
 
 template <>
@@ -156,8 +188,9 @@ struct Io<Avx512, Half> {
   static __m512 load(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
+  template <bool kStream = false>
   static void store(uint16_t* p, __m512 v) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    put<kStream>(p, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
 };
 
@@ -167,12 +200,13 @@ struct Io<Avx512, BFloat16> {
     const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
   }
+  template <bool kStream = false>
   static void store(uint16_t* p, __m512 v) {  // as Io<Avx2, BFloat16>::store, 16 lanes
     const __m512i bits = _mm512_castps_si512(v);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
     __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), lsb), 16);
     r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, _mm512_set1_epi32(0x7fc0));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+    put<kStream>(p, _mm512_cvtepi32_epi16(r));
   }
 };
 
@@ -197,11 +231,13 @@ struct Io<Avx512Bf16, D> : Io<Avx512, D> {};
 
 template <>
 struct Io<Avx512Bf16, BFloat16> : Io<Avx512, BFloat16> {
+  template <bool kStream = false>
   static void store(uint16_t* p, __m512 v) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+    put<kStream>(p, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
   }
+  template <bool kStream = false>
   static void store2(uint16_t* p, __m512 lo, __m512 hi) {  // 32 values in one instruction
-    _mm512_storeu_si512(p, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+    put<kStream>(p, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
   }
 };
 #endif
@@ -221,12 +257,12 @@ template <class I, class IO, int K, typename T, typename F>
   }
 }
 
-template <class I, class IO, int K, typename T, typename F>
+template <class I, class IO, bool kStream, int K, typename T, typename F>
 [[gnu::always_inline]] inline void store_n(T* p, const F (&v)[K]) {
   if constexpr (K == 2 && requires { IO::store2(p, v[0], v[1]); }) {
-    IO::store2(p, v[0], v[1]);
+    IO::template store2<kStream>(p, v[0], v[1]);
   } else {
-    for (int k = 0; k < K; ++k) IO::store(p + k * I::kLanes, v[k]);
+    for (int k = 0; k < K; ++k) IO::template store<kStream>(p + k * I::kLanes, v[k]);
   }
 }
 
@@ -245,6 +281,14 @@ template <bool kPrefetch, typename T>
   }
 }
 
+// How a kernel moves its rows: with software prefetch (above) or not, and writing with non-temporal
+// stores (Io::store<true>) or not. One table of kernels per combination (kRowKernelsFor).
+template <bool kPrefetchRows, bool kStreamStores>
+struct Moves {
+  static constexpr bool kPrefetch = kPrefetchRows;
+  static constexpr bool kStream = kStreamStores;
+};
+
 // K vectors of one row from element j: out[j] = x[j] * C[j] + x[partner(j)] * S[j] (core/rope.h,
 // rotate_row). Interleaved, j runs over the row and the partner vector is x with each pair swapped;
 // half-split, j runs over the first half and the partner of a = row[j] is b = row[j + pairs].
@@ -252,7 +296,7 @@ template <bool kPrefetch, typename T>
 // interleaved partner of one is the other, and the factor rows are in that order (even_odd_factors).
 // Always inlined: GCC otherwise keeps the two-vector step as a call per step (seen in a profile),
 // about 10% of the fp32 time.
-template <class I, class D, bool kInterleaved, bool kPrefetch, int K>
+template <class I, class D, bool kInterleaved, class Mv, int K>
 [[gnu::always_inline]] inline void rotate_block(const typename D::T* src, typename D::T* dst, int64_t j, int64_t pairs, const float* C,
                          const float* S, int64_t distance) {
   using IO = Io<I, D>;
@@ -260,8 +304,8 @@ template <class I, class D, bool kInterleaved, bool kPrefetch, int K>
   constexpr bool kEo = K == 2 && kEvenOdd<IO>;
   typename I::F a[K], b[K], out_a[K], out_b[K];
   constexpr int kBytes = K * W * sizeof(typename D::T);
-  prefetch_ahead<kPrefetch>(src + j, kBytes, distance);
-  if constexpr (!kInterleaved) prefetch_ahead<kPrefetch>(src + pairs + j, kBytes, distance);
+  prefetch_ahead<Mv::kPrefetch>(src + j, kBytes, distance);
+  if constexpr (!kInterleaved) prefetch_ahead<Mv::kPrefetch>(src + pairs + j, kBytes, distance);
   load_n<I, IO>(src + j, a);
   if constexpr (!kInterleaved) load_n<I, IO>(src + pairs + j, b);
   for (int k = 0; k < K; ++k) {
@@ -274,13 +318,13 @@ template <class I, class D, bool kInterleaved, bool kPrefetch, int K>
       out_b[k] = I::add(I::mul(b[k], I::loadf(C + pairs + e)), I::mul(a[k], I::loadf(S + pairs + e)));
     }
   }
-  store_n<I, IO>(dst + j, out_a);
-  if constexpr (!kInterleaved) store_n<I, IO>(dst + pairs + j, out_b);
+  store_n<I, IO, Mv::kStream>(dst + j, out_a);
+  if constexpr (!kInterleaved) store_n<I, IO, Mv::kStream>(dst + pairs + j, out_b);
 }
 
 // The row kernel (isa.h, RotateRowFn): two vectors per step (fewer loop instructions, and 16-bit
 // types move two vectors per load and store), then single vectors; returns the pairs done per row.
-template <class I, class D, bool kInterleaved, bool kPrefetch>
+template <class I, class D, bool kInterleaved, class Mv>
 int64_t rotate_row_simd(const void* src_v, void* dst_v, int64_t rows, int64_t src_stride, int64_t dst_stride,
                         int64_t pairs, const float* C, const float* S) {
   using T = typename D::T;
@@ -288,12 +332,12 @@ int64_t rotate_row_simd(const void* src_v, void* dst_v, int64_t rows, int64_t sr
   const int64_t n = kInterleaved ? 2 * pairs : pairs;  // elements of the row (interleaved) or of a half
   const int64_t twos = n / (2 * W) * (2 * W);
   const int64_t full = n / W * W;
-  const int64_t distance = kPrefetch ? cpu_prefetch().distance : 0;
+  const int64_t distance = Mv::kPrefetch ? cpu_prefetch().distance : 0;
   for (int64_t r = 0; r < rows; ++r) {
     const T* src = static_cast<const T*>(src_v) + r * src_stride;
     T* dst = static_cast<T*>(dst_v) + r * dst_stride;
-    for (int64_t j = 0; j < twos; j += 2 * W) rotate_block<I, D, kInterleaved, kPrefetch, 2>(src, dst, j, pairs, C, S, distance);
-    for (int64_t j = twos; j < full; j += W) rotate_block<I, D, kInterleaved, kPrefetch, 1>(src, dst, j, pairs, C, S, distance);
+    for (int64_t j = 0; j < twos; j += 2 * W) rotate_block<I, D, kInterleaved, Mv, 2>(src, dst, j, pairs, C, S, distance);
+    for (int64_t j = twos; j < full; j += W) rotate_block<I, D, kInterleaved, Mv, 1>(src, dst, j, pairs, C, S, distance);
   }
   return kInterleaved ? full / 2 : full;
 }
@@ -302,25 +346,25 @@ int64_t rotate_row_simd(const void* src_v, void* dst_v, int64_t rows, int64_t sr
 // (core/rope.h, rotate_row_uniform: a*c - b*s, b*c + a*s, the inverse with the signs swapped; the
 // same bits as rotate_row with set_factors, since adding b * (-s) is subtracting b * s). Plain
 // per-vector loads and stores: an even/odd policy would need its factors reordered.
-template <class I, class D, bool kInverse, bool kPrefetch, int K>
+template <class I, class D, bool kInverse, class Mv, int K>
 [[gnu::always_inline]] inline void rotate_block_uniform(const typename D::T* src, typename D::T* dst, int64_t j,
                                                         int64_t pairs, const float* c, const float* s,
                                                         int64_t distance) {
   using IO = Io<I, D>;
   constexpr int W = I::kLanes;
   constexpr int kBytes = K * W * sizeof(typename D::T);
-  prefetch_ahead<kPrefetch>(src + j, kBytes, distance);
-  prefetch_ahead<kPrefetch>(src + pairs + j, kBytes, distance);
+  prefetch_ahead<Mv::kPrefetch>(src + j, kBytes, distance);
+  prefetch_ahead<Mv::kPrefetch>(src + pairs + j, kBytes, distance);
   for (int k = 0; k < K; ++k) {
     const int64_t e = j + k * W;
     const auto a = IO::load(src + e), b = IO::load(src + pairs + e);
     const auto cv = I::loadf(c + e), sv = I::loadf(s + e);
     if constexpr (!kInverse) {
-      IO::store(dst + e, I::sub(I::mul(a, cv), I::mul(b, sv)));
-      IO::store(dst + pairs + e, I::add(I::mul(b, cv), I::mul(a, sv)));
+      IO::template store<Mv::kStream>(dst + e, I::sub(I::mul(a, cv), I::mul(b, sv)));
+      IO::template store<Mv::kStream>(dst + pairs + e, I::add(I::mul(b, cv), I::mul(a, sv)));
     } else {
-      IO::store(dst + e, I::add(I::mul(a, cv), I::mul(b, sv)));
-      IO::store(dst + pairs + e, I::sub(I::mul(b, cv), I::mul(a, sv)));
+      IO::template store<Mv::kStream>(dst + e, I::add(I::mul(a, cv), I::mul(b, sv)));
+      IO::template store<Mv::kStream>(dst + pairs + e, I::sub(I::mul(b, cv), I::mul(a, sv)));
     }
   }
 }
@@ -328,7 +372,7 @@ template <class I, class D, bool kInverse, bool kPrefetch, int K>
 // Four vectors per step, then two, then one: float32 rows streamed from DRAM measured ~3-8% faster
 // with four than with two on AMD Zen 3 (fewer loop instructions between the loads; eight measured
 // no better than four, and four serve rows from 32 pairs up).
-template <class I, class D, bool kInverse, bool kPrefetch>
+template <class I, class D, bool kInverse, class Mv>
 int64_t rotate_row_simd_uniform(const void* src_v, void* dst_v, int64_t rows, int64_t src_stride, int64_t dst_stride,
                                 int64_t pairs, const float* c, const float* s) {
   using T = typename D::T;
@@ -336,13 +380,13 @@ int64_t rotate_row_simd_uniform(const void* src_v, void* dst_v, int64_t rows, in
   const int64_t fours = pairs / (4 * W) * (4 * W);
   const int64_t twos = pairs / (2 * W) * (2 * W);
   const int64_t full = pairs / W * W;
-  const int64_t distance = kPrefetch ? cpu_prefetch().distance : 0;
+  const int64_t distance = Mv::kPrefetch ? cpu_prefetch().distance : 0;
   for (int64_t r = 0; r < rows; ++r) {
     const T* src = static_cast<const T*>(src_v) + r * src_stride;
     T* dst = static_cast<T*>(dst_v) + r * dst_stride;
-    for (int64_t j = 0; j < fours; j += 4 * W) rotate_block_uniform<I, D, kInverse, kPrefetch, 4>(src, dst, j, pairs, c, s, distance);
-    for (int64_t j = fours; j < twos; j += 2 * W) rotate_block_uniform<I, D, kInverse, kPrefetch, 2>(src, dst, j, pairs, c, s, distance);
-    for (int64_t j = twos; j < full; j += W) rotate_block_uniform<I, D, kInverse, kPrefetch, 1>(src, dst, j, pairs, c, s, distance);
+    for (int64_t j = 0; j < fours; j += 4 * W) rotate_block_uniform<I, D, kInverse, Mv, 4>(src, dst, j, pairs, c, s, distance);
+    for (int64_t j = fours; j < twos; j += 2 * W) rotate_block_uniform<I, D, kInverse, Mv, 2>(src, dst, j, pairs, c, s, distance);
+    for (int64_t j = twos; j < full; j += W) rotate_block_uniform<I, D, kInverse, Mv, 1>(src, dst, j, pairs, c, s, distance);
   }
   return full;
 }
@@ -350,10 +394,10 @@ int64_t rotate_row_simd_uniform(const void* src_v, void* dst_v, int64_t rows, in
 // fp16 and float32: against the in-place memory floor they measured faster than the factor rows
 // (fp16 ~5-10%, benchmarks/micro/rope_rows.cpp; float32 ~17% on cache-resident decode batches and as
 // fast from DRAM, benchmarks/RESULTS.md); bf16 keeps its even/odd rows.
-template <class I, class D, bool kPrefetch>
+template <class I, class D, class Mv>
 constexpr RotateUniformFn kUniform[2] = {
-    std::is_same_v<D, BFloat16> ? nullptr : rotate_row_simd_uniform<I, D, false, kPrefetch>,
-    std::is_same_v<D, BFloat16> ? nullptr : rotate_row_simd_uniform<I, D, true, kPrefetch>};
+    std::is_same_v<D, BFloat16> ? nullptr : rotate_row_simd_uniform<I, D, false, Mv>,
+    std::is_same_v<D, BFloat16> ? nullptr : rotate_row_simd_uniform<I, D, true, Mv>};
 
 // isa.h, OrderFactorsFn: for an even/odd policy, the factor entries its two-vector steps read
 // (blocks of 2W from the start of the row, or of each half) reordered as (even elements, odd
@@ -371,8 +415,8 @@ void even_odd_factors(float* C, float* S, int64_t pairs) {
   }
 }
 
-template <class I, class D, bool kPrefetch>
-constexpr RotateRowFn kRotate[2] = {rotate_row_simd<I, D, false, kPrefetch>, rotate_row_simd<I, D, true, kPrefetch>};
+template <class I, class D, class Mv>
+constexpr RotateRowFn kRotate[2] = {rotate_row_simd<I, D, false, Mv>, rotate_row_simd<I, D, true, Mv>};
 
 template <class I, class D, bool kInterleaved>
 constexpr OrderFactorsFn order_factors() {
@@ -412,23 +456,24 @@ struct RowIsa<I, Float> {
 };
 #endif
 
-// The table of one instruction set, with or without software prefetch, indexed as RowKernels::rotate
+// The table of one instruction set, for one way of moving rows (Moves), indexed as RowKernels::rotate
 // and RowKernels::order.
-template <class I, bool kPrefetch, class F = typename RowIsa<I, Float>::type,
+template <class I, class Mv, class F = typename RowIsa<I, Float>::type,
           class B = typename RowIsa<I, BFloat16>::type, class H = typename RowIsa<I, Half>::type>
-constexpr RowKernels kRowKernels = {{{kRotate<F, Float, kPrefetch>[0], kRotate<F, Float, kPrefetch>[1]},
-                                     {kRotate<B, BFloat16, kPrefetch>[0], kRotate<B, BFloat16, kPrefetch>[1]},
-                                     {kRotate<H, Half, kPrefetch>[0], kRotate<H, Half, kPrefetch>[1]}},
+constexpr RowKernels kRowKernels = {{{kRotate<F, Float, Mv>[0], kRotate<F, Float, Mv>[1]},
+                                     {kRotate<B, BFloat16, Mv>[0], kRotate<B, BFloat16, Mv>[1]},
+                                     {kRotate<H, Half, Mv>[0], kRotate<H, Half, Mv>[1]}},
                                     {{kOrder<F, Float>[0], kOrder<F, Float>[1]},
                                      {kOrder<B, BFloat16>[0], kOrder<B, BFloat16>[1]},
                                      {kOrder<H, Half>[0], kOrder<H, Half>[1]}},
-                                    {{kUniform<F, Float, kPrefetch>[0], kUniform<F, Float, kPrefetch>[1]},
-                                     {kUniform<B, BFloat16, kPrefetch>[0], kUniform<B, BFloat16, kPrefetch>[1]},
-                                     {kUniform<H, Half, kPrefetch>[0], kUniform<H, Half, kPrefetch>[1]}}};
+                                    {{kUniform<F, Float, Mv>[0], kUniform<F, Float, Mv>[1]},
+                                     {kUniform<B, BFloat16, Mv>[0], kUniform<B, BFloat16, Mv>[1]},
+                                     {kUniform<H, Half, Mv>[0], kUniform<H, Half, Mv>[1]}}};
 
-// The tables of one instruction set (rows_*.cpp): [prefetch].
+// The tables of one instruction set (rows_*.cpp): [prefetch][stream].
 template <class I>
-constexpr const RowKernels* kRowKernelsByPrefetch[2] = {&kRowKernels<I, false>, &kRowKernels<I, true>};
+constexpr const RowKernels* kRowKernelsFor[2][2] = {{&kRowKernels<I, Moves<false, false>>, &kRowKernels<I, Moves<false, true>>},
+                                                    {&kRowKernels<I, Moves<true, false>>, &kRowKernels<I, Moves<true, true>>}};
 
 }  // namespace
 }  // namespace posenc::cpu

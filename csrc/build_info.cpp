@@ -30,7 +30,7 @@ std::string cpu_path() {
 }
 // The SIMD kernels' prefetch (csrc/cpu/isa.h, Prefetch) and the streaming threshold (Streaming) as JSON
 // fields, each null where POSENC_CPU_PREFETCH (POSENC_CPU_STREAM) is invalid.
-std::string prefetch_fields() {
+std::string cpu_memory_fields() {
   std::string on = "null", from_bytes = "null", distance = "null";
   try {
     const cpu::Prefetch& p = cpu::cpu_prefetch();
@@ -60,7 +60,7 @@ std::string build_info_json() {
     << (cuda ? cuda->cuda_archs : "") << "\", \"cxx_compiler\": \"" << POSENC_CXX_COMPILER
     << "\", \"cuda_compiler\": \"" << (cuda ? cuda->cuda_compiler : "") << "\", \"cxx11_abi\": "
     << _GLIBCXX_USE_CXX11_ABI << ", \"cplusplus\": " << __cplusplus << ", \"cpu_isa\": \"" << cpu_path()
-    << "\"" << prefetch_fields() << "}";
+    << "\"" << cpu_memory_fields() << "}";
   return s.str();
 }
 

@@ -11,10 +11,10 @@
 // once per process), so every path can be run and compared on a CPU that has it;
 // POSENC_CPU_PORTABLE=1 is the older spelling of POSENC_CPU_ISA=portable.
 //
-// Each SIMD path has its kernels twice, with and without software prefetch of the rows ahead
-// (simd_rows.h, prefetch_ahead). Prefetch is on by default, where it measured faster (Intel, AMD Zen 3),
-// except on AMD CPUs with AVX-512 (Zen 4 measured slower with it); POSENC_CPU_PREFETCH=0|1
-// overrides. It changes no bits.
+// Each SIMD path has its kernels four times: with and without software prefetch of the rows ahead
+// (simd_rows.h, prefetch_ahead), and with and without non-temporal stores (Streaming, below).
+// Prefetch is on by default, where it measured faster (Intel, AMD Zen 3), except on AMD CPUs with
+// AVX-512 (Zen 4 measured slower with it); POSENC_CPU_PREFETCH=0|1 overrides. Neither changes bits.
 //
 // fp16 and float32 rows on the AVX-512 paths use 256-bit vectors (simd_rows.h, RowIsa): they
 // measured faster than 512-bit ones on AMD Zen 4 (which executes 512-bit operations as two halves).
@@ -26,6 +26,9 @@
 // This header includes nothing from torch: the rows_*.cpp files include it with other -m flags.
 #pragma once
 #include <cstdint>
+#if defined(__x86_64__) || defined(_M_X64)
+#include <emmintrin.h>
+#endif
 
 namespace posenc::cpu {
 
@@ -95,6 +98,13 @@ struct Streaming {
 };
 // Throws on a POSENC_CPU_STREAM value other than 0 or 1.
 const Streaming& cpu_streaming();
+// Run by each thread after its non-temporal stores: they are weakly ordered, and must be visible
+// before the thread reports its chunk done.
+inline void end_streaming_stores() {
+#if defined(__x86_64__) || defined(_M_X64)
+  _mm_sfence();
+#endif
+}
 // The kernels of `isa` (nullptr for Portable), with or without prefetch and non-temporal stores.
 const RowKernels* row_kernels(Isa isa, bool prefetch, bool stream);
 

@@ -4,9 +4,6 @@
 // finished by the portable loop.
 #include <cstring>
 #include <type_traits>
-#if defined(__x86_64__) || defined(_M_X64)
-#include <emmintrin.h>
-#endif
 
 #include "cpu/isa.h"
 #include "cpu/kernels.h"
@@ -190,9 +187,7 @@ void run_typed(const RopeProblem& p) {
   const int64_t grain = std::max<int64_t>(1, 32768 / per_token);
   const auto run = [&](int64_t begin, int64_t end) {
     rope_tokens<T, kInterleaved, kInverse>(p, simd, order, uniform, begin, end);
-#if defined(__x86_64__) || defined(_M_X64)
-    if (stream) _mm_sfence();  // non-temporal stores are weakly ordered: visible before this chunk ends
-#endif
+    if (stream) end_streaming_stores();
   };
   if (tokens <= grain) {  // one chunk (a decode step): as parallel_for would run it, without its ~50 ns
     run(0, tokens);

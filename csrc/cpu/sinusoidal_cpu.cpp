@@ -116,9 +116,7 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
       for (int64_t j = 0; j < n; ++j) add_row((block + j) / p.seq, (block + j) % p.seq, pe_rows.data() + j * dim);
     }
   }
-#if defined(__x86_64__) || defined(_M_X64)
-  if (stream) _mm_sfence();  // non-temporal stores are weakly ordered: visible before the loop's end is
-#endif
+  if (stream) end_streaming_stores();
 }
 
 template <typename T>

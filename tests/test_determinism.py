@@ -124,6 +124,39 @@ def test_sinusoidal_thread_count_independent(dtype, interleaved):
     assert_same_bits({n: with_threads(n, run) for n in THREADS})
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("interleaved", (False, True))
+def test_rows_between_anchors_match_reference(dtype, interleaved):
+    """The float64 state moves only every 8th row and at direct rows; the rows between are the anchor's
+    row rotated in the math type (csrc/cpu/sincos_stream.h, fine rows). Against the float64 reference,
+    forward and inverse, on every thread count: runs, repeats and jumps that land anywhere in a block
+    of 8 rows (runs_of_positions), one sequence starting near 2^24, unit-norm pairs."""
+    from posenc_native import reference
+    g = torch.Generator().manual_seed(17)
+    B, S, H, D = 2, 389, 2, 64
+    pos = runs_of_positions(g, B, S)
+    pos[1] += (1 << 24) - 250_000 - pos[1, 0]  # below 2^24 whatever the jumps add
+    assert pos.max() < (1 << 24)
+    ang = torch.rand(B, S, 2 * H, D // 2, generator=g, dtype=torch.float64) * 2 * torch.pi
+    pairs = torch.stack([ang.cos(), ang.sin()], -1).flatten(-2) if interleaved else torch.cat([ang.cos(), ang.sin()], -1)
+    q, k = pairs[:, :, :H].to(dtype), pairs[:, :, H:].to(dtype)
+    inv = 1.0 / 10000 ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
+    atol = {torch.float32: 2e-6, torch.float64: 1e-8}.get(dtype, 1e-2)  # float64: angles near 2^24 round by ~2e-9
+    for inverse in (False, True):
+        # the inverse rotation is the forward one by minus the angles
+        want = reference.apply_rope(q.double(), k.double(), pos, inv_freq=-inv if inverse else inv,
+                                    attention_factor=1.3, interleaved=interleaved)
+        bits = None
+        for n in THREADS:
+            got = with_threads(n, lambda: torch.ops.posenc.rope(q, k, pos, None, inv, 1.3, interleaved, "bshd", 0,
+                                                                inverse))
+            for name, a, b in zip("qk", got, want):
+                torch.testing.assert_close(a.double(), b, atol=atol, rtol=0 if atol < 1e-2 else 1e-2,
+                                           msg=lambda m: f"{name}, {n} threads, inverse={inverse}: {m}")
+            bits = bits or got
+            assert all(torch.equal(a, b) for a, b in zip(got, bits))
+
+
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
 def test_chunk_starting_on_a_repeated_position_matches_reference(dtype):
     """Every position twice (0, 0, 1, 1, ...): wherever a parallel chunk begins, its first row

@@ -82,10 +82,12 @@ POSENC_HD void sincos_row(double position, const double* __restrict__ freq, int6
 namespace posenc {
 
 // One pair's (sin, cos) advanced from angle t to t + step: the angle-addition formulas (a rotation
-// by step, kept in float64).
-POSENC_HD void advance_sincos(double& s, double& c, double step_sin, double step_cos) {
-  const double s2 = s * step_cos + c * step_sin;
-  const double c2 = c * step_cos - s * step_sin;
+// by step), in float64 for the stream's state, or in the math type for the rows between its anchors
+// (rotate_sincos_row).
+template <typename F>
+POSENC_HD void advance_sincos(F& s, F& c, F step_sin, F step_cos) {
+  const F s2 = s * step_cos + c * step_sin;
+  const F c2 = c * step_cos - s * step_sin;
   s = s2;
   c = c2;
 }
@@ -107,6 +109,21 @@ POSENC_HD void advance_sincos_row(double* __restrict__ sin_state, double* __rest
       sin_out[i] = static_cast<M>(s) * amplitude;
       cos_out[i] = static_cast<M>(c) * amplitude;
     }
+  }
+}
+
+// A row at angles t_i + step_i from the row at t_i, in the math type: the rows between the stream's
+// float64 anchors (cpu/sincos_stream.h), from the anchor's row (amplitude included) and the step's
+// sin/cos rounded to M. Each value is within a few ulp of M of the anchor's error.
+template <typename M>
+POSENC_HD void rotate_sincos_row(const M* __restrict__ sin_in, const M* __restrict__ cos_in,
+                                 const M* __restrict__ step_sin, const M* __restrict__ step_cos, int64_t n,
+                                 M* __restrict__ sin_out, M* __restrict__ cos_out) {
+  for (int64_t i = 0; i < n; ++i) {
+    M s = sin_in[i], c = cos_in[i];
+    advance_sincos(s, c, step_sin[i], step_cos[i]);
+    sin_out[i] = s;
+    cos_out[i] = c;
   }
 }
 

@@ -178,6 +178,18 @@ inline void advance_factor_rows(double* __restrict__ sin_state, double* __restri
   }
 }
 
+// From a row of the math type rotated by a step (rotate_sincos_row): the rows between the stream's anchors.
+template <bool kInterleaved, bool kInverse, typename M>
+inline void rotated_factor_rows(const M* __restrict__ sin_in, const M* __restrict__ cos_in,
+                                const M* __restrict__ step_sin, const M* __restrict__ step_cos, int64_t pairs,
+                                M* __restrict__ C, M* __restrict__ S) {
+  for (int64_t i = 0; i < pairs; ++i) {
+    M s = sin_in[i], c = cos_in[i];
+    advance_sincos(s, c, step_sin[i], step_cos[i]);
+    set_factors<kInterleaved, kInverse>(C, S, pairs, i, c, s, c, s);
+  }
+}
+
 template <bool kInterleaved, bool kInverse, typename M>
 inline void factor_rows_from_state(const double* __restrict__ sin_state, const double* __restrict__ cos_state,
                                    int64_t pairs, M amplitude, M* __restrict__ C, M* __restrict__ S) {

@@ -81,6 +81,9 @@ struct FactorRows {
   void from_state(const double* ss, const double* cs, int64_t pairs, M amplitude) const {
     factor_rows_from_state<kInterleaved, kInverse>(ss, cs, pairs, amplitude, C, S);
   }
+  void rotated(const M* s, const M* c, const M* step_s, const M* step_c, int64_t pairs) const {
+    rotated_factor_rows<kInterleaved, kInverse>(s, c, step_s, step_c, pairs, C, S);
+  }
   void from_math(const M* s, const M* c, int64_t pairs) const {
     factor_rows_from_math<kInterleaved, kInverse>(s, c, pairs, C, S);
   }
@@ -116,7 +119,8 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
     if (++ts == p.seq) ts = 0, ++tb;
   };
   if (p.inv_freq) {  // angles from frequencies, once per token, advanced along consecutive positions
-    SinCosStream<M> angles(p.inv_freq, pairs, static_cast<M>(p.attention_factor), p.n_axes);
+    SinCosStream<M> angles(p.inv_freq, pairs, static_cast<M>(p.attention_factor), p.n_axes,
+                           SinCosStream<M>::kFineEvery);
     int64_t now = begin;  // the token whose (b, s) are (tb, ts); the stream may ask for earlier ones
     const auto position_of = [&](int64_t t, double* out) {  // every axis of token t
       const int64_t b = t == now ? tb : t / p.seq, s = t == now ? ts : t % p.seq;

@@ -37,7 +37,7 @@ T* thread_rows(int64_t n) {
   if (static_cast<int64_t>(rows.size()) < n) rows = RowVector<T>(n);
   return rows.data();
 }
-enum RowSlot { kStreamMath, kStreamF64, kStreamSteps, kFactorRows };
+enum RowSlot { kStreamMath, kStreamF64, kStreamSteps, kStreamFineSteps, kFactorRows };
 
 // sin/cos(position * freq[i]) * amplitude for i < n, in the math type M, for row r of a problem
 // (a token or an encoding row) at position_of(r). Row r is computed directly with sincos_row when r
@@ -47,30 +47,44 @@ enum RowSlot { kStreamMath, kStreamF64, kStreamSteps, kFactorRows };
 // row index and the positions, never on where a parallel chunk begins: a chunk's first row replays
 // from the last direct row at or before it, so any thread count gives the same bits.
 //
+// Fine rows (a consumer that asks for them with fine_every > 1, one axis): the float64 state then
+// moves only at anchor rows, the multiples of fine_every and the direct rows, by one rotation of
+// the d positions moved since the previous anchor (d <= fine_every). A row between two anchors, j
+// positions past its anchor, is the anchor's row in M rotated by j steps in M (rotate_sincos_row):
+// half the float64 work and no conversion per row, within a few ulp of M of the anchor's values
+// (docs/architecture.md). The rule is still one of row indices and positions only.
+//
 // Multi-axis positions (n_axes rows of frequencies, freq[a * n + i]; core/rope.h, axis_angles): a
 // row's position is one value per axis, given by position_of(r, a), and its angles are the sum over
 // axes. The rule above holds axis by axis: a row whose every axis position is row r-1's or one past
 // it is advanced by one rotation per axis that moved (image patches along a row move on one axis),
 // or, when every axis moved (MRoPE text tokens), by one rotation by the sum of the axes' steps; any
-// other row is direct.
+// other row is direct. Every row is an anchor.
 //
 // Each row's values (sin and cos times the amplitude, in M) go where the consumer wants them: to
-// sin() and cos() by default, or to an output of the consumer's, a type with two row loops:
+// sin() and cos() by default, or to an output of the consumer's, a type with three row loops:
 //   advance(sin_state, cos_state, step_sin, step_cos, n, amplitude): advance the float64 state a
 //     step (advance_sincos) and write the row, in one pass;
-//   from_state(sin_state, cos_state, n, amplitude): write the row from the state as it stands.
+//   from_state(sin_state, cos_state, n, amplitude): write the row from the state as it stands;
+//   rotated(sin, cos, step_sin, step_cos, n): write a row between anchors (rotate_sincos_row).
 // The RoPE loop passes its interleaved factor rows (cpu/rope_cpu.cpp), which saves it a pass over
 // each token's row (benchmarks/RESULTS.md).
 template <typename M>
 class SinCosStream {
  public:
   static constexpr int kDirectEvery = 64;
+  // Rows from one float64 anchor to the next with fine rows: a multiple of it is a multiple of
+  // kDirectEvery's divisors, and its steps' table (fine_every rows of M) stays small in L1.
+  static constexpr int kFineEvery = 8;
 
   // No allocation (a decode step builds one stream per call): the math rows, every float64 row and
   // axis position, and the steps' rows live in this thread's buffers (thread_rows).
-  SinCosStream(const double* freq, int64_t n, M amplitude, int64_t n_axes = 1)
-      : freq_(freq), n_(n), n_axes_(n_axes), row_(padded(n)), amplitude_(amplitude) {
-    sin_ = thread_rows<M, kStreamMath>(2 * row_), cos_ = sin_ + row_;
+  SinCosStream(const double* freq, int64_t n, M amplitude, int64_t n_axes = 1, int64_t fine_every = 1)
+      : freq_(freq), n_(n), n_axes_(n_axes), row_(padded(n)), fine_(n_axes == 1 ? fine_every : 1),
+        amplitude_(amplitude) {
+    sin_ = thread_rows<M, kStreamMath>(4 * row_), cos_ = sin_ + row_;
+    fine_sin_ = cos_ + row_, fine_cos_ = fine_sin_ + row_;
+    row_sin_ = sin_, row_cos_ = cos_;
     double* f64 = thread_rows<double, kStreamF64>((n_axes > 1 ? 3 : 2) * row_ + 4 * padded(n_axes));
     sin_state_ = f64, cos_state_ = sin_state_ + row_;
     angle_ = n_axes > 1 ? cos_state_ + row_ : nullptr;
@@ -84,11 +98,11 @@ class SinCosStream {
   // Fills sin() and cos() for row `row`: position_of(row) gives a row's position as a double, or,
   // with several axes, position_of(row, out) writes its n_axes positions to out. A consumer that can
   // read float64 rows passes math_rows = false: a row that was not computed directly then stays in
-  // state_sin()/state_cos() (from_state() is true), which saves a pass.
+  // state_sin()/state_cos() (from_state() is true), which saves a pass (no fine rows then).
   template <typename PositionOf>
   void at(int64_t row, const PositionOf& position_of, bool math_rows = true) {
     if (math_rows) {
-      at(row, position_of, MathRows{sin_, cos_});
+      at(row, position_of, MathRows{sin_, cos_, fine_sin_, fine_cos_});
     } else {
       at(row, position_of, StateOnly{});
     }
@@ -119,12 +133,13 @@ class SinCosStream {
   // The float64 rows (without the amplitude): valid after at(row, position_of, false) when from_state().
   const double* state_sin() const { return sin_state_; }
   const double* state_cos() const { return cos_state_; }
-  const M* sin() const { return sin_; }
-  const M* cos() const { return cos_; }
+  const M* sin() const { return row_sin_; }
+  const M* cos() const { return row_cos_; }
 
  private:
   // The stream's own outputs (see above): none past the float64 state (math_rows = false, and the
-  // replayed rows); sin_ and cos_, the rows sin() and cos() hand out.
+  // replayed rows, where rows between anchors are skipped); sin_ and cos_ (the anchor's row), or
+  // fine_sin_ and fine_cos_ (a row between anchors), the rows sin() and cos() hand out.
   struct StateOnly {
     void advance(double* ss, double* cs, const double* step_s, const double* step_c, int64_t n, M amplitude) const {
       advance_sincos_row<false>(ss, cs, step_s, step_c, n, amplitude, static_cast<M*>(nullptr), static_cast<M*>(nullptr));
@@ -133,11 +148,16 @@ class SinCosStream {
   struct MathRows {
     M* sin;
     M* cos;
+    M* fine_sin;
+    M* fine_cos;
     void advance(double* ss, double* cs, const double* step_s, const double* step_c, int64_t n, M amplitude) const {
       advance_sincos_row<true>(ss, cs, step_s, step_c, n, amplitude, sin, cos);
     }
     void from_state(const double* ss, const double* cs, int64_t n, M amplitude) const {
       math_rows_from_state(ss, cs, n, amplitude, sin, cos);
+    }
+    void rotated(const M* s, const M* c, const M* step_s, const M* step_c, int64_t n) const {
+      rotate_sincos_row(s, c, step_s, step_c, n, fine_sin, fine_cos);
     }
   };
   static void math_rows_from_state(const double* __restrict__ ss, const double* __restrict__ cs, int64_t n,
@@ -149,6 +169,8 @@ class SinCosStream {
   }
   template <typename Out>
   static constexpr bool kStateOnly = std::is_same_v<Out, StateOnly>;
+  template <typename Out>
+  static constexpr bool kMathRows = std::is_same_v<Out, MathRows>;
 
   // Rows of whole cache lines (16 elements: 64 bytes of float), so every row starts on one.
   static int64_t padded(int64_t count) { return (count + 15) / 16 * 16; }
@@ -173,25 +195,36 @@ class SinCosStream {
   // One row after the previous one (row - 1, at previous_), by the rule above.
   template <typename Out>
   void step(int64_t row, const double* position, const Out& out) {
+    row_sin_ = sin_, row_cos_ = cos_;
+    const bool anchor = row % fine_ == 0;
     if (row == next_row_ && row % kDirectEvery != 0 && follows(position, previous_)) {
-      int64_t last = -1, moved = 0;  // the last axis that moved: its rotation writes the math rows
-      for (int64_t a = 0; a < n_axes_; ++a) {
-        if (position[a] != previous_[a]) last = a, ++moved;
-      }
-      if (n_axes_ > 1 && moved == n_axes_) {
-        advance(n_axes_, out);  // every axis: one rotation by the summed steps
-      } else if (last >= 0) {
-        for (int64_t a = 0; a < last; ++a) {
-          if (position[a] != previous_[a]) advance(a, StateOnly{});
-        }
-        advance(last, out);
+      if (n_axes_ == 1) moved_ += position[0] != previous_[0];
+      if (!anchor) {
+        between_anchors(out);
+      } else if (n_axes_ == 1) {
+        moved_ == 0 ? repeat(out) : advance(moved_ - 1, out);
       } else {
-        repeat(out);
+        int64_t last = -1, moved = 0;  // the last axis that moved: its rotation writes the math rows
+        for (int64_t a = 0; a < n_axes_; ++a) {
+          if (position[a] != previous_[a]) last = a, ++moved;
+        }
+        if (moved == n_axes_) {
+          advance(n_axes_, out);  // every axis: one rotation by the summed steps
+        } else if (last >= 0) {
+          for (int64_t a = 0; a < last; ++a) {
+            if (position[a] != previous_[a]) advance(a, StateOnly{});
+          }
+          advance(last, out);
+        } else {
+          repeat(out);
+        }
       }
       from_state_ = kStateOnly<Out>;
+      if (anchor) moved_ = 0;
     } else {
-      direct(position, out);
+      direct(position, out);  // an anchor too
       from_state_ = false;
+      moved_ = 0;
     }
     std::copy(position, position + n_axes_, previous_);
     next_row_ = row + 1;
@@ -202,10 +235,27 @@ class SinCosStream {
   template <typename Out>
   void repeat(const Out& out) {
     if constexpr (!kStateOnly<Out>) {
-      constexpr bool kMath = std::is_same_v<Out, MathRows>;
-      if (kMath && math_current_) return;
+      if (kMathRows<Out> && math_current_) return;
       out.from_state(sin_state_, cos_state_, n_, amplitude_);
-      math_current_ = kMath;
+      if (kMathRows<Out>) math_current_ = true;  // another output leaves sin_ and cos_ as they were
+    }
+  }
+
+  // A row between anchors, moved_ positions past its anchor: the anchor's row in M (formed from the
+  // state once per anchor where its consumer took factor rows instead) rotated by moved_ steps.
+  // Replay skips these rows: they leave the state as it is.
+  template <typename Out>
+  void between_anchors(const Out& out) {
+    if constexpr (!kStateOnly<Out>) {
+      if (moved_ == 0) return repeat(out);
+      if (!math_current_) {
+        math_rows_from_state(sin_state_, cos_state_, n_, amplitude_, sin_, cos_);
+        math_current_ = true;
+      }
+      step_row(moved_ - 1);  // forms the step's row in M too
+      const M* ss = fine_steps_ + 2 * moved_ * row_;
+      out.rotated(sin_, cos_, ss, ss + row_, n_);
+      if constexpr (kMathRows<Out>) row_sin_ = fine_sin_, row_cos_ = fine_cos_;
     }
   }
 
@@ -226,48 +276,80 @@ class SinCosStream {
       cos_[i] *= amplitude_;
     }
     math_current_ = true;
-    if constexpr (!kStateOnly<Out> && !std::is_same_v<Out, MathRows>) {
+    if constexpr (!kStateOnly<Out> && !kMathRows<Out>) {
       out.from_state(sin_state_, cos_state_, n_, amplitude_);  // sin_[i] and cos_[i]'s bits (the state is theirs)
     }
   }
 
-  // Rotates the state by axis a's step (one position along it; a = n_axes: along every axis, the
-  // step of the summed frequencies, exact for an axis layout whose other terms are zeros). The
-  // steps' sin/cos are formed the first time they are needed: a decode step never needs them.
+  // Rotates the state by step row `index` (step_row) and writes the row to out.
   template <typename Out>
-  void advance(int64_t a, const Out& out) {
+  void advance(int64_t index, const Out& out) {
+    const double* ss = step_row(index);
+    out.advance(sin_state_, cos_state_, ss, ss + row_, n_, amplitude_);
+    math_current_ = kMathRows<Out>;
+  }
+
+  // The steps' sin/cos rows (sin, then cos): with several axes, one position along axis index (index
+  // = n_axes: along every axis, the step of the summed frequencies, exact for an axis layout whose
+  // other terms are zeros); with one axis, index + 1 positions (the anchors' steps), each rounded
+  // to M as well (fine_steps_, the rows between anchors). Formed the first time they are needed: a
+  // decode step never needs them. More than one position is the one-position step applied again in
+  // float64 (~1e-16 a step).
+  const double* step_row(int64_t index) {
     if (!steps_) {
-      steps_ = thread_rows<double, kStreamSteps>(2 * (n_axes_ + 1) * row_);
-      step_ready_.assign(n_axes_ + 1, 0);
+      const int64_t rows = std::max<int64_t>(n_axes_ + 1, fine_);
+      steps_ = thread_rows<double, kStreamSteps>(2 * rows * row_);
+      if (fine_ > 1) fine_steps_ = thread_rows<M, kStreamFineSteps>(2 * fine_ * row_);
+      step_ready_.assign(rows, 0);
     }
-    double* ss = steps_ + 2 * a * row_;
+    double* ss = steps_ + 2 * index * row_;
     double* sc = ss + row_;
-    if (!step_ready_[a]) {
+    if (step_ready_[index]) return ss;
+    if (n_axes_ > 1 || index == 0) {
       for (int64_t i = 0; i < n_; ++i) {
         double f = 0;
-        if (a < n_axes_) {
-          f = freq_[a * n_ + i];
+        if (index < n_axes_) {
+          f = freq_[index * n_ + i];
         } else {
           for (int64_t b = 0; b < n_axes_; ++b) f += freq_[b * n_ + i];
         }
         ss[i] = f == 0.0 ? 0.0 : std::sin(f);  // an axis layout's zeros: sin 0 = 0, cos 0 = 1 exactly, for free
         sc[i] = f == 0.0 ? 1.0 : std::cos(f);
       }
-      step_ready_[a] = 1;
+    } else {
+      const double* one = steps_;
+      const double* before = step_row(index - 1);
+      for (int64_t i = 0; i < n_; ++i) {
+        double s = before[i], c = before[row_ + i];
+        advance_sincos(s, c, one[i], one[row_ + i]);
+        ss[i] = s;
+        sc[i] = c;
+      }
     }
-    out.advance(sin_state_, cos_state_, ss, sc, n_, amplitude_);
-    math_current_ = std::is_same_v<Out, MathRows>;
+    if (fine_ > 1 && index + 1 < fine_) {
+      M* ms = fine_steps_ + 2 * (index + 1) * row_;
+      for (int64_t i = 0; i < n_; ++i) {
+        ms[i] = static_cast<M>(ss[i]);
+        ms[row_ + i] = static_cast<M>(sc[i]);
+      }
+    }
+    step_ready_[index] = 1;
+    return ss;
   }
 
   const double* freq_;
-  int64_t n_, n_axes_, row_;
+  int64_t n_, n_axes_, row_, fine_;
   M amplitude_;
   std::vector<char> step_ready_;
-  M *sin_, *cos_;                           // the rows handed out, times the amplitude
+  M *sin_, *cos_;            // the anchor's row, times the amplitude
+  M *fine_sin_, *fine_cos_;  // a row between anchors (the default output)
+  const M *row_sin_, *row_cos_;  // the row sin() and cos() hand out: one of the two above
   double *sin_state_, *cos_state_, *angle_;  // the float64 state rows; the angles (several axes)
-  double* steps_ = nullptr;  // per axis (and, last, all axes together): the step's sin and cos rows
+  double* steps_ = nullptr;  // the steps' sin and cos rows (step_row)
+  M* fine_steps_ = nullptr;  // with fine rows: row j (1 <= j < fine_) is j positions' sin and cos in M
   double *previous_, *current_, *replay_, *before_;  // one position per axis
   int64_t next_row_ = -1;
+  int64_t moved_ = 0;  // one axis: positions moved since the anchor
   bool from_state_ = false;
   bool math_current_ = false;  // sin_/cos_ hold the state times the amplitude (they may not, past an Out)
 };

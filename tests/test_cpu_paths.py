@@ -173,7 +173,9 @@ def test_unknown_isa_name_is_a_clear_error(tmp_path):
 
 # Sinusoidal tables over POSENC_CPU_STREAM: float32 in both layouts and an odd dim (rows of 4 * 77 bytes,
 # so the non-temporal stores start mid-row and leave a tail), 16-bit and float64 outputs, fractional
-# positions, and one table past the default 32 MiB threshold.
+# positions, and one table past the default 32 MiB threshold; then add_sinusoidal the same way (an odd
+# dim, bf16, x with a strided last dim, batch rows with their own positions, 36 MiB of output).
+_X_SHAPES = [(3, 200, 77), (2, 100, 96), (2, 120, 96), (2, 90, 64), (9, 1000, 1024)]
 _TABLES = """
 import sys, torch, posenc_native as pn
 g = torch.Generator().manual_seed(int(sys.argv[2]))
@@ -182,8 +184,14 @@ out = [pn.sinusoidal_table(1000, 64), pn.sinusoidal_table(1000, 77, interleaved=
        pn.sinusoidal_table(pos, 130, freq_shift=1.0, angle_scale=0.5), pn.sinusoidal_table(513, 96, dtype=torch.bfloat16),
        pn.sinusoidal_table(513, 96, dtype=torch.float16), pn.sinusoidal_table(700, 62, dtype=torch.float64),
        pn.sinusoidal_table(8200, 1024), pos]
-torch.save((pn.build_info()["cpu_stream_from_bytes"], out), sys.argv[1])
-"""
+xs = [torch.randn(s, generator=g) for s in %r]
+xs[1] = xs[1].bfloat16()
+xs[2] = xs[2].transpose(1, 2).contiguous().transpose(1, 2)  # last dim strided
+bpos = torch.randint(0, 5000, (2, 90), generator=g)
+adds = [pn.add_sinusoidal(xs[0], x_scale=2.0), pn.add_sinusoidal(xs[1], interleaved=False),
+        pn.add_sinusoidal(xs[2]), pn.add_sinusoidal(xs[3], bpos), pn.add_sinusoidal(xs[4])]
+torch.save((pn.build_info()["cpu_stream_from_bytes"], out, adds, bpos), sys.argv[1])
+""" % (_X_SHAPES,)
 
 
 def _tables(tmp_path: Path, name: str, env: dict, seed: int) -> tuple[int, list]:
@@ -199,13 +207,13 @@ def test_streamed_tables_have_the_same_bits(tmp_path):
     32 MiB and more (csrc/cpu/isa.h, Streaming): the same bits every way, and the float64 reference's
     values."""
     seed = int(torch.randint(0, 2 ** 31, ()))
-    never_from, never = _tables(tmp_path, "never", _env(POSENC_CPU_STREAM="0"), seed)
-    always_from, always = _tables(tmp_path, "always", _env(POSENC_CPU_STREAM="1"), seed)
-    default_from, default = _tables(tmp_path, "default", _env(), seed)
+    never_from, never, never_adds, _ = _tables(tmp_path, "never", _env(POSENC_CPU_STREAM="0"), seed)
+    always_from, always, always_adds, bpos = _tables(tmp_path, "always", _env(POSENC_CPU_STREAM="1"), seed)
+    default_from, default, default_adds, _ = _tables(tmp_path, "default", _env(), seed)
     assert always_from == 0 and never_from == 2 ** 63 - 1
     assert default_from == (32 << 20 if platform.machine() in ("x86_64", "AMD64") else never_from)
-    for i, (a, b, c) in enumerate(zip(always, never, default)):
-        assert torch.equal(a, b) and torch.equal(a, c), f"table {i} differs with streaming"
+    for i, (a, b, c) in enumerate(zip(always + always_adds, never + never_adds, default + default_adds)):
+        assert torch.equal(a, b) and torch.equal(a, c), f"output {i} differs with streaming"
     from posenc_native import reference
     pos = always[-1]
     truths = [reference.sinusoidal_table(1000, 64), reference.sinusoidal_table(1000, 77, interleaved=False, cos_first=True),
@@ -217,6 +225,17 @@ def test_streamed_tables_have_the_same_bits(tmp_path):
         err = (out.double() - truth).abs().max().item()
         assert err <= tol, f"table {i} ({out.dtype}): max error {err:.2e} > {tol:.0e}"
         assert out.abs().sum() > 0
+    g = torch.Generator().manual_seed(seed)  # the subprocess's inputs again, drawn in the same order
+    torch.rand(300, generator=g, dtype=torch.float64)
+    xs = [torch.randn(s, generator=g) for s in _X_SHAPES]
+    xs[1] = xs[1].bfloat16()
+    want = [reference.add_sinusoidal(xs[0].double(), x_scale=2.0), reference.add_sinusoidal(xs[1].double(), interleaved=False),
+            reference.add_sinusoidal(xs[2].double()), reference.add_sinusoidal(xs[3].double(), bpos),
+            reference.add_sinusoidal(xs[4].double())]
+    for i, (out, truth) in enumerate(zip(always_adds, want)):
+        tol = 8e-3 * 4 if out.dtype == torch.bfloat16 else 4e-6  # |x + pe| up to ~5: bf16's 8 bits
+        err = (out.double() - truth).abs().max().item()
+        assert err <= tol, f"add_sinusoidal {i} ({out.dtype}): max error {err:.2e} > {tol:.0e}"
 
 
 def test_bad_stream_value_is_a_clear_error():

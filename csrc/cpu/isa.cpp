@@ -6,6 +6,10 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
 
 namespace posenc::cpu {
 namespace {
@@ -93,16 +97,31 @@ const Streaming& cpu_streaming() {
     constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
     const char* want = std::getenv("POSENC_CPU_STREAM");
     if (want && *want) {
-      if (std::strcmp(want, "0") == 0 || std::strcmp(want, "1") == 0) return {want[0] == '1' ? 0 : kNever};
+      if (std::strcmp(want, "0") == 0) return {kNever, false};
+      if (std::strcmp(want, "1") == 0) return {0, true};
       posenc::fail("posenc: environment variable POSENC_CPU_STREAM=", want, " is not 0 or 1");
     }
 #if defined(__x86_64__) || defined(_M_X64)
-    return {int64_t{32} << 20};
+    return {int64_t{32} << 20, false};
 #else
-    return {kNever};  // the non-temporal stores are x86's (sinusoidal_cpu.cpp)
+    return {kNever, false};  // the non-temporal stores are x86's (sinusoidal_cpu.cpp)
 #endif
   }();
   return chosen;
+}
+
+bool Streaming::pages_present(const void* out, int64_t bytes) {
+#if defined(__linux__)
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  for (const int64_t at : {bytes / 2, bytes - 1}) {
+    const uintptr_t addr = (reinterpret_cast<uintptr_t>(out) + static_cast<uintptr_t>(at)) & ~(page - 1);
+    unsigned char present = 0;
+    if (mincore(reinterpret_cast<void*>(addr), page, &present) != 0 || !(present & 1)) return false;
+  }
+#else
+  (void)out, (void)bytes;
+#endif
+  return true;
 }
 
 const RowKernels* row_kernels(Isa isa, bool prefetch, bool stream) {

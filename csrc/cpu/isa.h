@@ -86,15 +86,27 @@ struct Prefetch {
 };
 // Throws on a POSENC_CPU_PREFETCH value other than 0 or 1.
 const Prefetch& cpu_prefetch();
-// Non-temporal stores for outputs that cannot stay in cache (sinusoidal tables, cpu/sinusoidal_cpu.cpp;
-// out-of-place RoPE outputs with rows on 64-byte boundaries, cpu/rope_cpu.cpp), chosen once per
-// process (isa.cpp, cpu_streaming): written so, a line is not first read into the cache (read for
-// ownership), so an output streamed to DRAM moves half the bytes of plain stores. from_bytes: the
-// output size from which a call streams, 32 MiB (an output that fits in L3 stays there for its
-// reader); POSENC_CPU_STREAM=0 never streams, =1 streams every output that can be.
+// Non-temporal stores for outputs that cannot stay in cache (the sinusoidal ops' outputs,
+// cpu/sinusoidal_cpu.cpp; out-of-place RoPE outputs with rows on 64-byte boundaries, cpu/rope_cpu.cpp),
+// chosen once per process (isa.cpp, cpu_streaming): written so, a line is not first read into the
+// cache (read for ownership), so an output streamed to DRAM moves half the bytes of plain stores.
+// from_bytes: the output size from which a call streams, 32 MiB (an output that fits in L3 stays
+// there for its reader), and only where the output's pages are in memory already (pages_present);
+// POSENC_CPU_STREAM=0 never streams, =1 streams every output that can be.
 struct Streaming {
   int64_t from_bytes;
-  bool for_output(int64_t bytes) const { return bytes >= from_bytes; }
+  bool always;
+  // Whether a call writing `bytes` bytes, into [out, out + extent) or the largest of its outputs,
+  // writes them with non-temporal stores.
+  bool for_output(int64_t bytes, const void* out, int64_t extent) const {
+    return bytes >= from_bytes && (always || pages_present(out, extent));
+  }
+  // Whether the pages at the middle and at the end of [out, out + bytes) are in memory (Linux
+  // mincore; true elsewhere). glibc maps every allocation past 32 MiB afresh, and a fresh page is
+  // zeroed by the kernel on its first store, into the cache, where plain stores then hit: outputs
+  // streamed into fresh pages measured 7-18% slower than with plain stores, and 12-30% faster into
+  // reused ones (a caching allocator: jemalloc, tcmalloc, raised glibc thresholds; benchmarks/RESULTS.md).
+  static bool pages_present(const void* out, int64_t bytes);
 };
 // Throws on a POSENC_CPU_STREAM value other than 0 or 1.
 const Streaming& cpu_streaming();

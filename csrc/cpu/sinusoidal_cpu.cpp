@@ -57,7 +57,8 @@ void add_encoding(T* __restrict__ out, const T* x, int64_t x_stride, M x_scale, 
 // row directly; add_sinusoidal lays a block of them out in pe_rows, then streams through x batch
 // row by batch row (every batch row when positions are [S]), so memory moves in long runs.
 template <typename T>
-POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double* freq, int64_t begin, int64_t end) {
+POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double* freq, bool stream, int64_t begin,
+                                       int64_t end) {
   using M = math_t<T>;
   constexpr int64_t kBlock = 16;
   const SinusoidalParams& prm = p.params;
@@ -65,9 +66,7 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
   SinCosStream<M> angles(freq, half, M(1));
   const auto position_of = [&](int64_t u) { return p.position(u / p.seq, u % p.seq); };
   std::vector<M> pe_rows(p.x ? kBlock * dim : 0);
-  // The table, when it is too big to stay in cache: each row is encoded in L1 and streamed out.
-  const bool stream = !p.x && cpu_streaming().for_output(p.seq * dim * static_cast<int64_t>(sizeof(T)));
-  std::vector<T> row(stream ? dim : 0);
+  std::vector<T> row(stream ? dim : 0);  // a row formed in L1 to be streamed out (run_typed)
   const auto encode_from = [&](auto* out, const auto* sin_v, const auto* cos_v) {
     const auto* first = prm.cos_first ? cos_v : sin_v;
     const auto* second = prm.cos_first ? sin_v : cos_v;
@@ -87,11 +86,13 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
   const auto add_row = [&](int64_t b, int64_t s, const M* pe) {
     T* out = static_cast<T*>(p.out) + b * p.out_stride_b + s * p.out_stride_s;
     const T* x = static_cast<const T*>(p.x) + b * p.x_stride_b + s * p.x_stride_s;
+    T* sum = stream ? row.data() : out;
     if (p.x_stride_d == 1) {
-      add_encoding(out, x, 1, static_cast<M>(p.x_scale), pe, dim);
+      add_encoding(sum, x, 1, static_cast<M>(p.x_scale), pe, dim);
     } else {
-      add_encoding(out, x, p.x_stride_d, static_cast<M>(p.x_scale), pe, dim);
+      add_encoding(sum, x, p.x_stride_d, static_cast<M>(p.x_scale), pe, dim);
     }
+    if (stream) stream_copy(out, sum, dim * sizeof(T));
   };
   for (int64_t block = begin; block < end; block += kBlock) {
     const int64_t n = std::min<int64_t>(kBlock, end - block);
@@ -125,8 +126,14 @@ void run_typed(const SinusoidalProblem& p) {
   for (int64_t i = 0; i < p.params.half; ++i) freq[i] = p.params.frequency(i);
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(p.params.dim, 1));
   const int64_t units = (p.pos_stride_b == 0 ? 1 : p.batch) * p.seq;  // see sinusoidal_rows
+  // The output (the table, or x plus the encoding), when it is too big to stay in cache: each row is
+  // formed in L1 and streamed out (cpu/isa.h, Streaming). Decided once, before any thread writes.
+  const int64_t out_rows = p.x ? p.batch * p.seq : p.seq;
+  const int64_t out_end = (p.x ? (p.batch - 1) * p.out_stride_b : 0) + (p.seq - 1) * p.out_stride_s + p.params.dim;
+  const bool stream = out_rows > 0 && cpu_streaming().for_output(out_rows * p.params.dim * static_cast<int64_t>(sizeof(T)),
+                                                                 p.out, out_end * static_cast<int64_t>(sizeof(T)));
   torch::stable::parallel_for(0, units, grain,
-                   [&](int64_t begin, int64_t end) { sinusoidal_rows<T>(p, freq.data(), begin, end); });
+                   [&](int64_t begin, int64_t end) { sinusoidal_rows<T>(p, freq.data(), stream, begin, end); });
 }
 
 }  // namespace

@@ -207,8 +207,9 @@ def build_info() -> dict[str, Any]:
     ``cpu_prefetch`` (bool: whether its SIMD kernels prefetch, ``POSENC_CPU_PREFETCH``),
     ``cpu_prefetch_from_bytes`` (int: the bytes of rows from which a call prefetches),
     ``cpu_prefetch_distance`` (int: how many bytes ahead of its reads it prefetches),
-    ``cpu_stream_from_bytes`` (int: the output size from which a CPU sinusoidal table, or an
-    out-of-place RoPE output, is written with non-temporal stores, ``POSENC_CPU_STREAM``), ``library``
+    ``cpu_stream_from_bytes`` (int: the output size from which a CPU sinusoidal op's output, or an
+    out-of-place RoPE output, is written with non-temporal stores where its pages are mapped in
+    already, ``POSENC_CPU_STREAM``), ``library``
     (path), ``cuda_library`` (path of the loaded CUDA kernel library, or None: a CPU-only
     torch, or a build without CUDA kernels), ``torch_supported`` (the torch range, as a requirement),
     ``fast_path`` (how the decode fast path reaches the CPU kernels: ``"direct entry"``,

@@ -73,9 +73,11 @@ template <typename M>
 class SinCosStream {
  public:
   static constexpr int kDirectEvery = 64;
-  // Rows from one float64 anchor to the next with fine rows: a multiple of it is a multiple of
-  // kDirectEvery's divisors, and its steps' table (fine_every rows of M) stays small in L1.
+  // Rows from one float64 anchor to the next with fine rows (RoPE): a divisor of kDirectEvery, so
+  // every row direct by its index is an anchor; its steps' table (8 rows of M, 4 KiB for 128-dim
+  // heads) stays in L1. 16 and 32 measured no faster (benchmarks/RESULTS.md, "Fourteenth session").
   static constexpr int kFineEvery = 8;
+  static_assert(kDirectEvery % kFineEvery == 0);
 
   // No allocation (a decode step builds one stream per call): the math rows, every float64 row and
   // axis position, and the steps' rows live in this thread's buffers (thread_rows).

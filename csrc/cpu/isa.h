@@ -26,6 +26,8 @@
 // This header includes nothing from torch: the rows_*.cpp files include it with other -m flags.
 #pragma once
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 #if defined(__x86_64__) || defined(_M_X64)
 #include <emmintrin.h>
 #endif
@@ -108,6 +110,16 @@ struct Streaming {
   // reused ones (a caching allocator: jemalloc, tcmalloc, raised glibc thresholds; benchmarks/RESULTS.md).
   static bool pages_present(const void* out, int64_t bytes);
 };
+// The bytes from an output's first element to just past its last: `rows` pairs of (count, stride in
+// elements) place its rows, each `row` contiguous elements of `element` bytes. 0 when it is empty.
+inline int64_t output_extent(std::initializer_list<std::pair<int64_t, int64_t>> rows, int64_t row, int64_t element) {
+  int64_t last = 0;
+  for (const auto& [count, stride] : rows) {
+    if (count <= 0) return 0;
+    last += (count - 1) * stride;
+  }
+  return row > 0 ? (last + row) * element : 0;
+}
 // Throws on a POSENC_CPU_STREAM value other than 0 or 1.
 const Streaming& cpu_streaming();
 // Run by each thread after its non-temporal stores: they are weakly ordered, and must be visible

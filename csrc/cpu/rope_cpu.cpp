@@ -158,20 +158,20 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
 }
 
 // Whether an out-of-place call may write its rows with non-temporal stores (cpu/isa.h, Streaming):
-// big enough, into pages in memory already, and every vector store of the SIMD kernels on its own size's boundary (up to 64 bytes:
-// each row, and half-split's second half, on a 64-byte boundary). In place, the rows are in cache
-// already: plain stores.
+// big enough, into pages in memory already, and every vector store of the SIMD kernels on its own
+// size's boundary (up to 64 bytes: each row, and half-split's second half, on a 64-byte boundary).
+// In place, the rows are in cache already: plain stores.
 bool streams_output(const RopeProblem& p, int64_t bytes, int64_t element) {
   const auto aligned = [&](const RopeOperand& o) {
     const auto on64 = [&](int64_t elements) { return elements * element % 64 == 0; };
     return o.dst != o.src && reinterpret_cast<uintptr_t>(o.dst) % 64 == 0 && on64(o.dst_stride_b) &&
            on64(o.dst_stride_s) && on64(o.dst_stride_h) && on64(p.pairs());
   };
-  if (bytes < cpu_streaming().from_bytes || !aligned(p.q) || (p.k.heads > 0 && !aligned(p.k))) return false;
-  // Where q's output is (most of the bytes): its last element's offset, plus one
-  const int64_t q_end = (p.batch - 1) * p.q.dst_stride_b + (p.seq - 1) * p.q.dst_stride_s +
-                        (p.q.heads - 1) * p.q.dst_stride_h + p.head_dim;
-  return cpu_streaming().for_output(bytes, p.q.dst, q_end * element);
+  if (!aligned(p.q) || (p.k.heads > 0 && !aligned(p.k))) return false;
+  // q's output holds most of the bytes: its pages stand for the call's
+  const int64_t q_extent = output_extent(
+      {{p.batch, p.q.dst_stride_b}, {p.seq, p.q.dst_stride_s}, {p.q.heads, p.q.dst_stride_h}}, p.head_dim, element);
+  return cpu_streaming().for_output(bytes, p.q.dst, q_extent);
 }
 
 template <typename T, bool kInterleaved, bool kInverse>

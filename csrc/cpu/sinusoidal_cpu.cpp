@@ -128,10 +128,12 @@ void run_typed(const SinusoidalProblem& p) {
   const int64_t units = (p.pos_stride_b == 0 ? 1 : p.batch) * p.seq;  // see sinusoidal_rows
   // The output (the table, or x plus the encoding), when it is too big to stay in cache: each row is
   // formed in L1 and streamed out (cpu/isa.h, Streaming). Decided once, before any thread writes.
+  const int64_t element = sizeof(T);
   const int64_t out_rows = p.x ? p.batch * p.seq : p.seq;
-  const int64_t out_end = (p.x ? (p.batch - 1) * p.out_stride_b : 0) + (p.seq - 1) * p.out_stride_s + p.params.dim;
-  const bool stream = out_rows > 0 && cpu_streaming().for_output(out_rows * p.params.dim * static_cast<int64_t>(sizeof(T)),
-                                                                 p.out, out_end * static_cast<int64_t>(sizeof(T)));
+  const int64_t out_extent =
+      output_extent({{p.x ? p.batch : 1, p.out_stride_b}, {p.seq, p.out_stride_s}}, p.params.dim, element);
+  const bool stream =
+      out_extent > 0 && cpu_streaming().for_output(out_rows * p.params.dim * element, p.out, out_extent);
   torch::stable::parallel_for(0, units, grain,
                    [&](int64_t begin, int64_t end) { sinusoidal_rows<T>(p, freq.data(), stream, begin, end); });
 }

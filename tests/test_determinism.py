@@ -157,6 +157,40 @@ def test_rows_between_anchors_match_reference(dtype, interleaved):
             assert all(torch.equal(a, b) for a, b in zip(got, bits))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("interleaved", (False, True))
+def test_encoding_rows_between_anchors_match_reference(dtype, interleaved):
+    """The sinusoidal ops' rows between float64 anchors are the anchor's row rotated in the math type
+    and written in the same pass (csrc/cpu/sinusoidal_cpu.cpp, EncodingRow): the table and
+    add_sinusoidal against the float64 reference, on every thread count, on positions with runs,
+    repeats and jumps anywhere in a block of 8 rows, one sequence near 2^24, both column orders and
+    an odd dim. float32 rows keep within a few float32 ulp of the direct rows' error."""
+    from posenc_native import reference
+    g = torch.Generator().manual_seed(19)
+    B, S, D = 2, 389, 67
+    pos = runs_of_positions(g, B, S)
+    pos[1] += (1 << 24) - 250_000 - pos[1, 0]
+    assert pos.max() < (1 << 24)
+    x = torch.randn(B, S, D, generator=g, dtype=torch.float64)
+    atol = {torch.float32: 4e-7, torch.float64: 1e-8}.get(dtype, 1e-2)  # |values| <= 1 (table), ~4 (x + PE)
+    rtol = 1e-2 if dtype in (torch.bfloat16, torch.float16) else 0.0
+    for cos_first in (False, True):
+        kw = dict(interleaved=interleaved, cos_first=cos_first)
+        want = [reference.sinusoidal_table(pos[b], D, **kw) for b in range(B)]
+        want.append(reference.add_sinusoidal(x.to(dtype).double(), pos, x_scale=1.5, **kw))
+        bits = None
+        for n in THREADS:
+            got = with_threads(n, lambda: [pn.sinusoidal_table(pos[b], D, dtype=dtype, **kw) for b in range(B)] +
+                               [pn.add_sinusoidal(x.to(dtype), pos, x_scale=1.5, **kw)])
+            for i, (a, b) in enumerate(zip(got, want)):
+                # x + PE in float32: the sum's own rounding (|x * 1.5 + PE| up to ~8) comes on top
+                tol = atol * 16 if (i == B and dtype == torch.float32) else atol
+                torch.testing.assert_close(a.double(), b, atol=tol, rtol=rtol,
+                                           msg=lambda m: f"output {i}, {n} threads, cos_first={cos_first}: {m}")
+            bits = bits or got
+            assert all(torch.equal(a, b) for a, b in zip(got, bits))
+
+
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
 def test_chunk_starting_on_a_repeated_position_matches_reference(dtype):
     """Every position twice (0, 0, 1, 1, ...): wherever a parallel chunk begins, its first row

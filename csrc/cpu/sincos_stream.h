@@ -64,11 +64,11 @@ enum RowSlot { kStreamMath, kStreamF64, kStreamSteps, kStreamFineSteps, kFactorR
 // Each row's values (sin and cos times the amplitude, in M) go where the consumer wants them: to
 // sin() and cos() by default, or to an output of the consumer's, a type with three row loops:
 //   advance(sin_state, cos_state, step_sin, step_cos, n, amplitude): advance the float64 state a
-//     step (advance_sincos) and write the row, in one pass;
+//     step (advance_sincos) and write the row, in one pass where it can;
 //   from_state(sin_state, cos_state, n, amplitude): write the row from the state as it stands;
 //   rotated(sin, cos, step_sin, step_cos, n): write a row between anchors (rotate_sincos_row).
-// The RoPE loop passes its interleaved factor rows (cpu/rope_cpu.cpp), which saves it a pass over
-// each token's row (benchmarks/RESULTS.md).
+// The RoPE loop passes its interleaved factor rows (cpu/rope_cpu.cpp), and the sinusoidal loop its
+// encoding rows (cpu/sinusoidal_cpu.cpp): each saves a pass over every row (benchmarks/RESULTS.md).
 template <typename M>
 class SinCosStream {
  public:
@@ -98,50 +98,27 @@ class SinCosStream {
   SinCosStream& operator=(const SinCosStream&) = delete;
 
   // Fills sin() and cos() for row `row`: position_of(row) gives a row's position as a double, or,
-  // with several axes, position_of(row, out) writes its n_axes positions to out. A consumer that can
-  // read float64 rows passes math_rows = false: a row that was not computed directly then stays in
-  // state_sin()/state_cos() (from_state() is true), which saves a pass (no fine rows then).
+  // with several axes, position_of(row, out) writes its n_axes positions to out.
   template <typename PositionOf>
-  void at(int64_t row, const PositionOf& position_of, bool math_rows = true) {
-    if (math_rows) {
-      at(row, position_of, MathRows{sin_, cos_, fine_sin_, fine_cos_});
-    } else {
-      at(row, position_of, StateOnly{});
-    }
+  void at(int64_t row, const PositionOf& position_of) {
+    at(row, position_of, MathRows{sin_, cos_, fine_sin_, fine_cos_});
   }
 
   // The same, with the row written to out (see above) instead: sin() and cos() are then not the row's.
   template <typename PositionOf, typename Out>
   void at(int64_t row, const PositionOf& position_of, const Out& out) {
     positions_of(position_of, row, current_);
-    if (row != next_row_) {  // a chunk's first row: replay from the last direct row at or before it
-      int64_t r = row;
-      std::copy(current_, current_ + n_axes_, replay_);
-      while (r % kDirectEvery != 0) {
-        positions_of(position_of, r - 1, before_);
-        if (!follows(replay_, before_)) break;
-        --r;
-        std::swap(replay_, before_);
-      }
-      for (int64_t t = r; t < row; ++t) {
-        positions_of(position_of, t, replay_);
-        step(t, replay_, StateOnly{});
-      }
-    }
+    if (row != next_row_) replay_to(row, position_of);
     step(row, current_, out);
   }
 
-  bool from_state() const { return from_state_; }
-  // The float64 rows (without the amplitude): valid after at(row, position_of, false) when from_state().
-  const double* state_sin() const { return sin_state_; }
-  const double* state_cos() const { return cos_state_; }
   const M* sin() const { return row_sin_; }
   const M* cos() const { return row_cos_; }
 
  private:
-  // The stream's own outputs (see above): none past the float64 state (math_rows = false, and the
-  // replayed rows, where rows between anchors are skipped); sin_ and cos_ (the anchor's row), or
-  // fine_sin_ and fine_cos_ (a row between anchors), the rows sin() and cos() hand out.
+  // The stream's own outputs (see above): none past the float64 state (the replayed rows, where
+  // rows between anchors are skipped, and the axes moved before the last); sin_ and cos_ (the
+  // anchor's row), or fine_sin_ and fine_cos_ (a row between anchors), the rows sin() and cos() hand out.
   struct StateOnly {
     void advance(double* ss, double* cs, const double* step_s, const double* step_c, int64_t n, M amplitude) const {
       advance_sincos_row<false>(ss, cs, step_s, step_c, n, amplitude, static_cast<M*>(nullptr), static_cast<M*>(nullptr));
@@ -194,6 +171,25 @@ class SinCosStream {
     return true;
   }
 
+  // A chunk's first row: replay from the last direct row at or before it. Out of line (it runs once
+  // per chunk): flattened into every CPU loop's clones, it and step_row tripled their compile time
+  // (cpu/kernels.h).
+  template <typename PositionOf>
+  [[gnu::noinline]] void replay_to(int64_t row, const PositionOf& position_of) {
+    int64_t r = row;
+    std::copy(current_, current_ + n_axes_, replay_);
+    while (r % kDirectEvery != 0) {
+      positions_of(position_of, r - 1, before_);
+      if (!follows(replay_, before_)) break;
+      --r;
+      std::swap(replay_, before_);
+    }
+    for (int64_t t = r; t < row; ++t) {
+      positions_of(position_of, t, replay_);
+      step(t, replay_, StateOnly{});
+    }
+  }
+
   // One row after the previous one (row - 1, at previous_), by the rule above.
   template <typename Out>
   void step(int64_t row, const double* position, const Out& out) {
@@ -221,11 +217,9 @@ class SinCosStream {
           repeat(out);
         }
       }
-      from_state_ = kStateOnly<Out>;
       if (anchor) moved_ = 0;
     } else {
       direct(position, out);  // an anchor too
-      from_state_ = false;
       moved_ = 0;
     }
     std::copy(position, position + n_axes_, previous_);
@@ -261,8 +255,7 @@ class SinCosStream {
     }
   }
 
-  // sin_ and cos_ always hold a direct row (times the amplitude): with StateOnly the consumer reads
-  // them (from_state() is false).
+  // sin_ and cos_ always hold a direct row (times the amplitude), whatever the output.
   template <typename Out>
   void direct(const double* position, const Out& out) {
     if (n_axes_ == 1) {
@@ -296,8 +289,9 @@ class SinCosStream {
   // other terms are zeros); with one axis, index + 1 positions (the anchors' steps), each rounded
   // to M as well (fine_steps_, the rows between anchors). Formed the first time they are needed: a
   // decode step never needs them. More than one position is the one-position step applied again in
-  // float64 (~1e-16 a step).
-  const double* step_row(int64_t index) {
+  // float64 (~1e-16 a step). Out of line, as replay_to (cpu/kernels.h): the loops run once per row
+  // of steps and stream.
+  [[gnu::noinline]] const double* step_row(int64_t index) {
     if (!steps_) {
       const int64_t rows = std::max<int64_t>(n_axes_ + 1, fine_);
       steps_ = thread_rows<double, kStreamSteps>(2 * rows * row_);
@@ -352,7 +346,6 @@ class SinCosStream {
   double *previous_, *current_, *replay_, *before_;  // one position per axis
   int64_t next_row_ = -1;
   int64_t moved_ = 0;  // one axis: positions moved since the anchor
-  bool from_state_ = false;
   bool math_current_ = false;  // sin_/cos_ hold the state times the amplitude (they may not, past an Out)
 };
 

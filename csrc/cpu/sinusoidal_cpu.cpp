@@ -1,8 +1,10 @@
-// CPU kernels of the sinusoidal ops: rows in parallel; per row one vectorized pass computes the
-// sin/cos of every pair, a second writes them in the requested layout (plus x * x_scale).
+// CPU kernels of the sinusoidal ops: rows in parallel; per row one vectorized pass moves the angles
+// (sincos_stream.h) and writes them in the requested layout (EncodingRow); add_sinusoidal then adds
+// x * x_scale.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #if defined(__x86_64__) || defined(_M_X64)
 #include <emmintrin.h>
 #endif
@@ -15,19 +17,54 @@
 namespace posenc::cpu {
 namespace {
 
-// Writes one encoding row in the requested layout: out[first_col(i)] = first[i], out[second_col(i)] =
-// second[i], and a zero last column for odd dims. first/second are in the math type, or float64.
-template <bool kInterleaved, typename T, typename S>
-void write_encoding(T* __restrict__ out, const S* first, const S* second, int64_t half, int64_t dim) {
+// Writes one encoding row in the requested layout from pair i's sin and cos (pair_at(i), in the
+// math type or float64): out[first_col(i)] = first, out[second_col(i)] = second, and a zero last
+// column for odd dims.
+template <bool kInterleaved, typename T, typename PairAt>
+void write_encoding(T* __restrict__ out, int64_t half, int64_t dim, bool cos_first, const PairAt& pair_at) {
   using M = math_t<T>;
   const int64_t step = kInterleaved ? 2 : 1;
   const int64_t other = kInterleaved ? 1 : half;
   for (int64_t i = 0; i < half; ++i) {
-    out[i * step] = from_math<T>(static_cast<M>(first[i]));
-    out[i * step + other] = from_math<T>(static_cast<M>(second[i]));
+    const auto [sin_i, cos_i] = pair_at(i);
+    out[i * step] = from_math<T>(static_cast<M>(cos_first ? cos_i : sin_i));
+    out[i * step + other] = from_math<T>(static_cast<M>(cos_first ? sin_i : cos_i));
   }
   if (dim % 2 == 1) out[dim - 1] = T(0);
 }
+
+// One encoding row (of T: the output, or the math type for add_sinusoidal's rows) as the angle
+// stream's output (sincos_stream.h): a row between anchors is rotated and written in one pass, in
+// the math type; an anchor's is written from the float64 state, converted once.
+template <typename T>
+struct EncodingRow {
+  using M = math_t<T>;
+  const SinusoidalParams& params;
+  T* out;
+  template <typename PairAt>
+  void write(const PairAt& pair_at) const {
+    const int64_t half = params.half, dim = params.dim;
+    if (params.interleaved) {
+      write_encoding<true>(out, half, dim, params.cos_first, pair_at);
+    } else {
+      write_encoding<false>(out, half, dim, params.cos_first, pair_at);
+    }
+  }
+  void advance(double* ss, double* cs, const double* step_s, const double* step_c, int64_t n, M amplitude) const {
+    advance_sincos_row<false>(ss, cs, step_s, step_c, n, amplitude, static_cast<M*>(nullptr), static_cast<M*>(nullptr));
+    from_state(ss, cs, n, amplitude);
+  }
+  void from_state(const double* ss, const double* cs, int64_t, M) const {  // the amplitude is 1
+    write([&](int64_t i) { return std::pair{ss[i], cs[i]}; });
+  }
+  void rotated(const M* s, const M* c, const M* step_s, const M* step_c, int64_t) const {
+    write([&](int64_t i) {
+      M sin_i = s[i], cos_i = c[i];
+      advance_sincos(sin_i, cos_i, step_s[i], step_c[i]);
+      return std::pair{sin_i, cos_i};
+    });
+  }
+};
 
 // n bytes from src to dst, with non-temporal stores (cpu/isa.h, Streaming) where dst is 16-byte aligned
 // and plain copies at the ends. SSE2's, which every x86-64 CPU has.
@@ -63,26 +100,10 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
   constexpr int64_t kBlock = 16;
   const SinusoidalParams& prm = p.params;
   const int64_t half = prm.half, dim = prm.dim;
-  SinCosStream<M> angles(freq, half, M(1));
+  SinCosStream<M> angles(freq, half, M(1), 1, SinCosStream<M>::kFineEvery);
   const auto position_of = [&](int64_t u) { return p.position(u / p.seq, u % p.seq); };
   std::vector<M> pe_rows(p.x ? kBlock * dim : 0);
   std::vector<T> row(stream ? dim : 0);  // a row formed in L1 to be streamed out (run_typed)
-  const auto encode_from = [&](auto* out, const auto* sin_v, const auto* cos_v) {
-    const auto* first = prm.cos_first ? cos_v : sin_v;
-    const auto* second = prm.cos_first ? sin_v : cos_v;
-    if (prm.interleaved) {
-      write_encoding<true>(out, first, second, half, dim);
-    } else {
-      write_encoding<false>(out, first, second, half, dim);
-    }
-  };
-  const auto encode = [&](auto* out) {
-    if (angles.from_state()) {
-      encode_from(out, angles.state_sin(), angles.state_cos());
-    } else {
-      encode_from(out, angles.sin(), angles.cos());
-    }
-  };
   const auto add_row = [&](int64_t b, int64_t s, const M* pe) {
     T* out = static_cast<T*>(p.out) + b * p.out_stride_b + s * p.out_stride_s;
     const T* x = static_cast<const T*>(p.x) + b * p.x_stride_b + s * p.x_stride_s;
@@ -98,15 +119,13 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
     const int64_t n = std::min<int64_t>(kBlock, end - block);
     for (int64_t j = 0; j < n; ++j) {
       const int64_t s = (block + j) % p.seq;
-      angles.at(block + j, position_of, /*math_rows=*/false);
       if (p.x) {
-        encode(pe_rows.data() + j * dim);
-      } else if (stream) {
-        encode(row.data());
-        stream_copy(static_cast<T*>(p.out) + s * p.out_stride_s, row.data(), dim * sizeof(T));
-      } else {
-        encode(static_cast<T*>(p.out) + s * p.out_stride_s);  // the table: batch 1
+        angles.at(block + j, position_of, EncodingRow<M>{prm, pe_rows.data() + j * dim});
+        continue;
       }
+      T* out = static_cast<T*>(p.out) + s * p.out_stride_s;  // the table: batch 1
+      angles.at(block + j, position_of, EncodingRow<T>{prm, stream ? row.data() : out});
+      if (stream) stream_copy(out, row.data(), dim * sizeof(T));
     }
     if (!p.x) continue;
     if (p.pos_stride_b == 0) {

@@ -22,6 +22,7 @@ import ctypes.util
 import math
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -68,17 +69,21 @@ def bench(fn: Callable[[], object], settings: Settings) -> float:
 def bench_together(fns: list[Callable[[], object]], settings: Settings) -> list[float]:
     """Median wall time (ms) of each of fns, timed in alternation (one call of each per round), so
     load from other processes on a shared machine drifts into all of them alike and their ratios
-    stay meaningful."""
+    stay meaningful. Each round runs them in a new order (seeded, so runs repeat): a call pays for
+    the dirty cache lines the call before it left, and in a fixed order one function would always
+    follow the same other (an in-place RoPE call measured 3-7% slower after the in-place floor than
+    in shuffled order; benchmarks/RESULTS.md)."""
     for fn in fns:
         for _ in range(settings.warmup):
             fn()
+    order = random.Random(len(fns))
     times: list[list[float]] = [[] for _ in fns]
     while len(times[0]) < settings.repeat or (sum(map(sum, times)) < settings.min_time * len(fns)
                                               and len(times[0]) < 100):
-        for fn, ts in zip(fns, times):
+        for i in order.sample(range(len(fns)), len(fns)):
             t0 = settings.clock()
-            fn()
-            ts.append(settings.clock() - t0)
+            fns[i]()
+            times[i].append(settings.clock() - t0)
     return [1e3 * settings.stat(ts) for ts in times]
 
 
@@ -366,10 +371,14 @@ def section_decode(s: Settings) -> list[Row]:
         # each sample times `calls` calls: a call takes microseconds, and reading the clock (a system
         # call for --clock cpu) would otherwise add a fixed cost to every sample, ours and the floor's
         calls = 50 if B == 1 else 5
-        floor, *times = bench_together([_repeated(lambda: (q.mul_(c), k.mul_(c)), calls)]
-                                       + [_repeated(fn, calls) for _, fn, _ in ways], s)
+        # the module returns new tensors: also against the allocating floor, what any out-of-place call pays
+        floor, floor_alloc, *times = bench_together([_repeated(lambda: (q.mul_(c), k.mul_(c)), calls),
+                                                     _repeated(lambda: (q * c, k * c), calls)]
+                                                    + [_repeated(fn, calls) for _, fn, _ in ways], s)
         for (label, _, goal), ms in zip(ways, times):
             rows.append(Row(name + label, ms / calls, base_name, floor / calls, goal))
+            if label == " RotaryEmbedding(cfg)":
+                rows.append(Row(name + label, ms / calls, "q * c, k * c", floor_alloc / calls))
     return rows
 
 

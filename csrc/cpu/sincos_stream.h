@@ -73,7 +73,7 @@ template <typename M>
 class SinCosStream {
  public:
   static constexpr int kDirectEvery = 64;
-  // Rows from one float64 anchor to the next with fine rows (RoPE): a divisor of kDirectEvery, so
+  // Rows from one float64 anchor to the next with fine rows (RoPE, sinusoidal): a divisor of kDirectEvery, so
   // every row direct by its index is an anchor; its steps' table (8 rows of M, 4 KiB for 128-dim
   // heads) stays in L1. 16 and 32 measured no faster (benchmarks/RESULTS.md, "Fourteenth session").
   static constexpr int kFineEvery = 8;

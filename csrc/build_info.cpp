@@ -28,8 +28,9 @@ std::string cpu_path() {
     return "invalid POSENC_CPU_ISA";
   }
 }
-// The SIMD kernels' prefetch (csrc/cpu/isa.h, Prefetch) and the streaming threshold (Streaming) as JSON
-// fields, each null where POSENC_CPU_PREFETCH (POSENC_CPU_STREAM) is invalid.
+// The SIMD kernels' prefetch (csrc/cpu/isa.h, Prefetch), the streaming threshold (Streaming) and the
+// fp16 rows' vector width (cpu_fp16_bits) as JSON fields, each null where POSENC_CPU_PREFETCH
+// (POSENC_CPU_STREAM, POSENC_CPU_FP16_BITS) is invalid.
 std::string cpu_memory_fields() {
   std::string on = "null", from_bytes = "null", distance = "null";
   try {
@@ -44,8 +45,14 @@ std::string cpu_memory_fields() {
     stream_from = std::to_string(cpu::cpu_streaming().from_bytes);
   } catch (const std::exception&) {
   }
+  std::string fp16_bits = "null";
+  try {
+    fp16_bits = std::to_string(cpu::cpu_fp16_bits());
+  } catch (const std::exception&) {
+  }
   return ", \"cpu_prefetch\": " + on + ", \"cpu_prefetch_from_bytes\": " + from_bytes +
-         ", \"cpu_prefetch_distance\": " + distance + ", \"cpu_stream_from_bytes\": " + stream_from;
+         ", \"cpu_prefetch_distance\": " + distance + ", \"cpu_stream_from_bytes\": " + stream_from +
+         ", \"cpu_fp16_bits\": " + fp16_bits;
 }
 }  // namespace
 

@@ -2,7 +2,8 @@
 avx512bf16) and a portable loop; POSENC_CPU_ISA caps the path. The float64-reference tests exercise
 whichever path this CPU takes; these tests run the same problems on every path this CPU has, each in
 its own process, and require the portable path's bits, with the SIMD kernels' software prefetch
-(POSENC_CPU_PREFETCH) on and off: it is on by default except on AMD CPUs with AVX-512, and must change no bits.
+(POSENC_CPU_PREFETCH) on and off (on by default except on AMD Zen 4), and on the AVX-512 paths with fp16
+rows in 256- and 512-bit vectors (POSENC_CPU_FP16_BITS; 512 by default on AMD Zen 5): none may change bits.
 
 Known exceptions, avoided by these inputs (random normal values): NaN payloads (F16C and
 vcvtneps2bf16 keep them, the portable conversions write one canonical NaN) and, on avx512bf16, bf16
@@ -23,7 +24,7 @@ PATHS = ("portable", "avx2", "avx512", "avx512bf16")
 SCRIPT = r"""
 import sys, torch, posenc_native as pn
 info = pn.build_info()
-print(info["cpu_isa"], info["cpu_prefetch"], info["cpu_prefetch_from_bytes"])
+print(info["cpu_isa"], info["cpu_prefetch"], info["cpu_prefetch_from_bytes"], info["cpu_fp16_bits"])
 g = torch.Generator().manual_seed(0)
 out = []
 for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -62,6 +63,7 @@ def _env(**set_vars: str) -> dict:
     env.pop("POSENC_CPU_ISA", None)
     env.pop("POSENC_CPU_PREFETCH", None)
     env.pop("POSENC_CPU_STREAM", None)
+    env.pop("POSENC_CPU_FP16_BITS", None)
     env.update(set_vars)
     return env
 
@@ -78,7 +80,9 @@ def _run_prefetch(tmp_path: Path, name: str, env: dict) -> tuple[str, str, list]
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(path)], env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    taken, prefetch, from_bytes = proc.stdout.split()[:3]
+    taken, prefetch, from_bytes, fp16_bits = proc.stdout.split()[:4]
+    if "POSENC_CPU_FP16_BITS" in env:
+        assert fp16_bits == env["POSENC_CPU_FP16_BITS"]
     return taken, f"{prefetch} from {from_bytes}", torch.load(path)
 
 
@@ -91,12 +95,16 @@ def portable(tmp_path_factory) -> list:
 
 # POSENC_CPU_STREAM=1: the out-of-place calls whose rows lie on 64-byte boundaries (head_dim 128 and 96
 # with float32, 128 with 16-bit types here) write them with non-temporal stores (csrc/cpu/rope_cpu.cpp,
-# streams_output); the same bits.
-@pytest.mark.parametrize("prefetch,stream", (("0", "0"), ("1", "0"), ("0", "1"), ("1", "1")))
+# streams_output); the same bits. POSENC_CPU_FP16_BITS picks the AVX-512 paths' fp16 row kernels (the
+# avx2 path has only 256-bit ones).
+@pytest.mark.parametrize("prefetch,stream,fp16_bits", (("0", "0", "256"), ("1", "0", "256"), ("0", "1", "256"),
+                                                       ("1", "1", "256"), ("0", "0", "512"), ("1", "1", "512")))
 @pytest.mark.parametrize("path", PATHS[1:])
-def test_every_simd_path_equals_portable(tmp_path, portable, path, prefetch, stream):
+def test_every_simd_path_equals_portable(tmp_path, portable, path, prefetch, stream, fp16_bits):
+    if path == "avx2" and fp16_bits == "512":
+        pytest.skip("the avx2 path has no 512-bit vectors")
     taken, prefetched, out = _run_prefetch(tmp_path, path, _env(POSENC_CPU_ISA=path, POSENC_CPU_PREFETCH=prefetch,
-                                                                POSENC_CPU_STREAM=stream))
+                                                                POSENC_CPU_STREAM=stream, POSENC_CPU_FP16_BITS=fp16_bits))
     if taken != path:
         pytest.skip(f"this CPU or build has no {path} path (capped to {taken})")
     # forced on: from 32 KiB of rows on every CPU, so the 64-token problems run the prefetching kernels
@@ -125,10 +133,21 @@ def test_default_path_is_the_best_available(tmp_path):
     assert proc.stdout.strip() in PATHS
 
 
+def _cpu() -> tuple[bool, bool, bool, int]:
+    """(x86, AMD, AVX-512F, cpu family) from /proc/cpuinfo, as csrc/cpu/isa.cpp (CpuKind) tells CPUs apart."""
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    field = lambda name: next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()  # noqa: E731
+                               if line.split(":", 1)[0].strip() == name), "")
+    family = field("cpu family")
+    return (platform.machine() in ("x86_64", "AMD64"), field("vendor_id") == "AuthenticAMD",
+            "avx512f" in field("flags").split(), int(family) if family.isdigit() else 0)
+
+
 def test_prefetch_default_follows_the_cpu():
-    """On by default except on AMD CPUs with AVX-512 (Zen 4 and later), as csrc/cpu/isa.cpp decides;
-    from 16 MiB of rows on other AMD CPUs, from 32 KiB elsewhere and wherever POSENC_CPU_PREFETCH=1;
-    8 KiB ahead on AMD CPUs without AVX-512, 2 KiB elsewhere, whatever POSENC_CPU_PREFETCH says."""
+    """On by default except on AMD Zen 4 (AVX-512, family 25), as csrc/cpu/isa.cpp decides; from 16 MiB
+    of rows on AMD Zen 2/3 (no AVX-512), from 32 MiB on AMD Zen 5 and later (family 26 on), from 32 KiB
+    elsewhere and wherever POSENC_CPU_PREFETCH=1; 8 KiB ahead on AMD CPUs without AVX-512, 2 KiB
+    elsewhere, whatever POSENC_CPU_PREFETCH says."""
     code = ("import posenc_native as pn; i = pn.build_info(); "
             "print(i['cpu_prefetch'], i['cpu_prefetch_from_bytes'], i['cpu_prefetch_distance'])")
     proc = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
@@ -138,37 +157,45 @@ def test_prefetch_default_follows_the_cpu():
                             text=True, timeout=120)
     assert forced.returncode == 0, forced.stderr[-2000:]
     assert forced.stdout.split() == ["True", str(32 * 1024), distance]
-    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    vendor = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("vendor_id")), "")
-    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
-    x86 = platform.machine() in ("x86_64", "AMD64")  # elsewhere: no SIMD kernels, no prefetch
-    amd = vendor == "AuthenticAMD"
-    amd_zen2_3 = x86 and amd and "avx512f" not in flags
-    assert prefetch == str(x86 and not (amd and "avx512f" in flags))
-    assert from_bytes == str((16 << 20) if amd_zen2_3 else 32 * 1024)
+    x86, amd, avx512, family = _cpu()  # elsewhere than x86: no SIMD kernels, no prefetch
+    amd_zen2_3 = x86 and amd and not avx512
+    amd_zen4 = x86 and amd and avx512 and family < 26
+    amd_zen5_on = x86 and amd and family >= 26
+    assert prefetch == str(x86 and not amd_zen4)
+    assert from_bytes == str((16 << 20) if amd_zen2_3 else (32 << 20) if amd_zen5_on else 32 * 1024)
     assert distance == str(8192 if amd_zen2_3 else 2048)
 
 
-def test_bad_prefetch_value_is_a_clear_error():
-    code = ("import torch, posenc_native as pn\n"
-            "q = torch.randn(1, 4, 2, 8)\n"
-            "inv = torch.ones(4, dtype=torch.float64)\n"
-            "pn.apply_rope(q, q.clone(), inv_freq=inv)\n")
-    proc = subprocess.run([sys.executable, "-c", code], env=_env(POSENC_CPU_PREFETCH="yes"),
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0
-    assert "POSENC_CPU_PREFETCH=yes" in proc.stderr and "0 or 1" in proc.stderr
+def test_fp16_vector_width_follows_the_cpu():
+    """512-bit fp16 rows by default on AMD Zen 5 and later, 256-bit ones elsewhere; POSENC_CPU_FP16_BITS
+    overrides."""
+    code = "import posenc_native as pn; print(pn.build_info()['cpu_fp16_bits'])"
+    runs = {v: subprocess.run([sys.executable, "-c", code], env=_env(**({"POSENC_CPU_FP16_BITS": v} if v else {})),
+                              capture_output=True, text=True, timeout=120) for v in ("", "256", "512")}
+    assert all(r.returncode == 0 for r in runs.values()), [r.stderr[-2000:] for r in runs.values()]
+    x86, amd, _, family = _cpu()
+    assert runs[""].stdout.strip() == ("512" if x86 and amd and family >= 26 else "256")
+    assert runs["256"].stdout.strip() == "256" and runs["512"].stdout.strip() == "512"
 
 
-def test_unknown_isa_name_is_a_clear_error(tmp_path):
+@pytest.mark.parametrize("var,value,expected", (("POSENC_CPU_PREFETCH", "yes", "0 or 1"),
+                                                ("POSENC_CPU_ISA", "sse9", "avx2"),
+                                                ("POSENC_CPU_FP16_BITS", "1024", "256 or 512")))
+def test_bad_cpu_setting_is_a_clear_error(var, value, expected):
+    """A value the library does not know fails the first RoPE call, naming the variable, the value and
+    what it accepts; the rows are left as they were."""
     code = ("import torch, posenc_native as pn\n"
-            "q = torch.randn(1, 4, 2, 8)\n"
-            "inv = torch.ones(4, dtype=torch.float64)\n"
-            "pn.apply_rope(q, q.clone(), inv_freq=inv)\n")
-    proc = subprocess.run([sys.executable, "-c", code], env=_env(POSENC_CPU_ISA="sse9"), capture_output=True,
-                          text=True, timeout=120)
+            "q = torch.randn(1, 4, 2, 8, dtype=torch.float16)\n"
+            "k, q0 = q.clone(), q.clone()\n"
+            "try:\n"
+            "    pn.apply_rope_(q, k, inv_freq=torch.ones(4, dtype=torch.float64))\n"
+            "finally:\n"
+            "    assert torch.equal(q, q0) and torch.equal(k, q0), 'rows written before the error'\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=_env(**{var: value}), capture_output=True, text=True,
+                          timeout=120)
     assert proc.returncode != 0
-    assert "POSENC_CPU_ISA=sse9" in proc.stderr and "avx2" in proc.stderr
+    assert f"{var}={value}" in proc.stderr and expected in proc.stderr
+    assert "rows written" not in proc.stderr
 
 
 # Sinusoidal tables over POSENC_CPU_STREAM: float32 in both layouts and an odd dim (rows of 4 * 77 bytes,

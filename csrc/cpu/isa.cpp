@@ -10,11 +10,42 @@
 #include <sys/mman.h>
 #include <unistd.h>
 #endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
 
 namespace posenc::cpu {
 namespace {
 
 constexpr const char* kNames[] = {"portable", "avx2", "avx512", "avx512bf16"};
+
+// What tells this CPU apart where the tuning below differs by CPU (none of it changes bits).
+struct CpuKind {
+  bool x86 = false, amd = false, avx512 = false;
+  int family = 0;  // cpuid's family with its extended part: AMD Zen 2/3/4 are 23/25/25, Zen 5 is 26
+  bool amd_zen2_3() const { return amd && !avx512; }
+  bool amd_zen4() const { return amd && avx512 && family < 26; }
+  bool amd_zen5_on() const { return amd && family >= 26; }
+};
+
+const CpuKind& cpu_kind() {
+  static const CpuKind kind = [] {
+    CpuKind k;
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    k.x86 = true;
+    k.amd = __builtin_cpu_is("amd");
+    k.avx512 = __builtin_cpu_supports("avx512f");
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid(1, &eax, &ebx, &ecx, &edx)) {
+      const int base = static_cast<int>((eax >> 8) & 0xf);
+      k.family = base + (base == 0xf ? static_cast<int>((eax >> 20) & 0xff) : 0);
+    }
+#endif
+    return k;
+  }();
+  return kind;
+}
 
 // The best path this CPU and this build support.
 Isa detected() {
@@ -26,8 +57,8 @@ Isa detected() {
   // AVX-512F implies it. A hypothetical AVX2 CPU without it: set POSENC_CPU_ISA=portable.
   const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                      row_kernels_avx512(false, false);
-  const bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16") && row_kernels_avx512bf16(false, false);
+                      row_kernels_avx512(false, false, false);
+  const bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16") && row_kernels_avx512bf16(false, false, false);
   best = bf16 ? Isa::Avx512Bf16 : avx512 ? Isa::Avx512 : avx2 ? Isa::Avx2 : Isa::Portable;
 #endif
   return best;
@@ -62,28 +93,40 @@ const char* isa_name(Isa isa) { return kNames[static_cast<int>(isa)]; }
 const Prefetch& cpu_prefetch() {
   static const Prefetch chosen = []() -> Prefetch {
     constexpr int64_t kL1 = 32 * 1024;
-    bool x86 = false, amd = false, avx512 = false;  // elsewhere: no SIMD kernels to prefetch for
-#if defined(__x86_64__) && defined(__GNUC__)
-    __builtin_cpu_init();
-    x86 = true;
-    amd = __builtin_cpu_is("amd");
-    avx512 = __builtin_cpu_supports("avx512f");
-#endif
-    const bool amd_zen2_3 = amd && !avx512;
+    const CpuKind& cpu = cpu_kind();
     // 8 KiB ahead on AMD Zen 2/3: float32 rows streamed from DRAM on Zen 3 measured ~5% faster than with
     // 2 KiB (4-12 KiB alike, 24 KiB worse); 2 KiB elsewhere, where Intel measured it (benchmarks/RESULTS.md).
-    const int64_t distance = amd_zen2_3 ? 8192 : 2048;
+    const int64_t distance = cpu.amd_zen2_3() ? 8192 : 2048;
     const char* want = std::getenv("POSENC_CPU_PREFETCH");
     if (want && *want) {
       if (std::strcmp(want, "0") == 0 || std::strcmp(want, "1") == 0) return {want[0] == '1', kL1, distance};
       posenc::fail("posenc: environment variable POSENC_CPU_PREFETCH=", want, " is not 0 or 1");
     }
-    // Off on AMD CPUs with AVX-512 (Zen 4 and later), where it measured slower (Zen 4: fp32 in place
-    // 1.06 -> 1.21-1.39x the floor). AMD Zen 2/3 prefetch from 16 MiB of rows: Zen 3 gained from it on
-    // rows streamed from DRAM, but float32 rows of 1.3-10 MiB, which stay in its L3 from call to call
-    // (a decode batch), measured 10-30% slower with it. Intel CPUs prefetch from 32 KiB: a decode batch
-    // of two or more sequences gained there (benchmarks/RESULTS.md).
-    return {x86 && !(amd && avx512), amd_zen2_3 ? int64_t{16} << 20 : kL1, distance};
+    // Off on AMD Zen 4, where it measured slower (fp32 in place 1.06 -> 1.21-1.39x the floor). Other
+    // AMD CPUs prefetch only rows too big to stay in their L3 from call to call (a decode batch): Zen 3
+    // from 16 MiB (float32 rows from DRAM gained; rows of 1.3-10 MiB measured 10-30% slower with it),
+    // Zen 5 from 32 MiB (in place from DRAM on two threads at most 1.08-1.16x the floor with it,
+    // up to 1.45-1.72x without; one thread's rows of 1.25-30 MiB 5-15% slower with it). Intel CPUs
+    // prefetch from 32 KiB: a decode batch of two or more sequences gained there (benchmarks/RESULTS.md).
+    const int64_t from_bytes = cpu.amd_zen2_3() ? int64_t{16} << 20 : cpu.amd_zen5_on() ? int64_t{32} << 20 : kL1;
+    return {cpu.x86 && !cpu.amd_zen4(), from_bytes, distance};
+  }();
+  return chosen;
+}
+
+// Read once per process (isa.h). 512 on AMD Zen 5 and later, which execute 512-bit operations at
+// full width: in place there, fp16 rows in 512-bit vectors measured 0.85-0.92x the floor against
+// 1.1-1.28x in 256-bit ones, from cache and from DRAM alike (benchmarks/RESULTS.md). 256 elsewhere:
+// Zen 4 executes them as two halves, and measured 256-bit rows faster.
+int cpu_fp16_bits() {
+  static const int chosen = [] {
+    const char* want = std::getenv("POSENC_CPU_FP16_BITS");
+    if (want && *want) {
+      if (std::strcmp(want, "256") == 0) return 256;
+      if (std::strcmp(want, "512") == 0) return 512;
+      posenc::fail("posenc: environment variable POSENC_CPU_FP16_BITS=", want, " is not 256 or 512");
+    }
+    return cpu_kind().amd_zen5_on() ? 512 : 256;
   }();
   return chosen;
 }
@@ -124,11 +167,11 @@ bool Streaming::pages_present(const void* out, int64_t bytes) {
   return true;
 }
 
-const RowKernels* row_kernels(Isa isa, bool prefetch, bool stream) {
+const RowKernels* row_kernels(Isa isa, bool prefetch, bool stream, bool fp16_512) {
   switch (isa) {
     case Isa::Avx2: return row_kernels_avx2(prefetch, stream);
-    case Isa::Avx512: return row_kernels_avx512(prefetch, stream);
-    case Isa::Avx512Bf16: return row_kernels_avx512bf16(prefetch, stream);
+    case Isa::Avx512: return row_kernels_avx512(prefetch, stream, fp16_512);
+    case Isa::Avx512Bf16: return row_kernels_avx512bf16(prefetch, stream, fp16_512);
     default: return nullptr;
   }
 }

@@ -13,11 +13,13 @@
 //
 // Each SIMD path has its kernels four times: with and without software prefetch of the rows ahead
 // (simd_rows.h, prefetch_ahead), and with and without non-temporal stores (Streaming, below).
-// Prefetch is on by default, where it measured faster (Intel, AMD Zen 3), except on AMD CPUs with
-// AVX-512 (Zen 4 measured slower with it); POSENC_CPU_PREFETCH=0|1 overrides. Neither changes bits.
+// Prefetch is on by default, where it measured faster (Intel, AMD Zen 3 and Zen 5), except on AMD
+// Zen 4 (measured slower with it); POSENC_CPU_PREFETCH=0|1 overrides. Neither changes bits.
 //
-// fp16 and float32 rows on the AVX-512 paths use 256-bit vectors (simd_rows.h, RowIsa): they
-// measured faster than 512-bit ones on AMD Zen 4 (which executes 512-bit operations as two halves).
+// float32 rows on the AVX-512 paths use 256-bit vectors (simd_rows.h, RowIsa): they measured faster
+// than 512-bit ones on AMD Zen 4 (which executes 512-bit operations as two halves), and on Zen 5
+// from DRAM. fp16 rows use 256-bit ones too, except on CPUs that execute 512-bit operations at full
+// width (cpu_fp16_bits; POSENC_CPU_FP16_BITS=256|512 overrides). Neither changes bits.
 //
 // Interleaved rows with angles from frequencies (every dtype) use the factor-row kernels: for
 // float32 they measured 9-17% faster than the compiler-vectorized rotate_row_uniform (core/rope.h)
@@ -63,10 +65,11 @@ struct RowKernels {
 };
 
 // The row kernels of each SIMD path, with or without prefetch, with or without non-temporal stores
-// (Streaming, below), or nullptr where this build has none (rows_*.cpp).
+// (Streaming, below), on the AVX-512 paths with fp16 rows in 512-bit vectors or in 256-bit ones
+// (cpu_fp16_bits), or nullptr where this build has none (rows_*.cpp).
 const RowKernels* row_kernels_avx2(bool prefetch, bool stream);
-const RowKernels* row_kernels_avx512(bool prefetch, bool stream);
-const RowKernels* row_kernels_avx512bf16(bool prefetch, bool stream);
+const RowKernels* row_kernels_avx512(bool prefetch, bool stream, bool fp16_512);
+const RowKernels* row_kernels_avx512bf16(bool prefetch, bool stream, bool fp16_512);
 
 // The path the kernels take: the best this CPU and build have, capped by POSENC_CPU_ISA (isa.cpp).
 // Throws on a POSENC_CPU_ISA value that is not one of the names above.
@@ -76,8 +79,9 @@ const char* isa_name(Isa isa);
 //   on: whether they prefetch at all;
 //   from_bytes: below this many bytes of rows a call prefetches nothing: 32 KiB, under which rows fit
 //     in L1 (a decode step of one sequence, 20 KiB, measured ~60 ns slower with prefetch, where two or
-//     more sequences gain on Intel: B=64 38-41 -> 29-34 us), or by default on AMD Zen 2/3 16 MiB,
-//     under which they stay in its L3 from call to call. POSENC_CPU_PREFETCH=1 sets 32 KiB everywhere;
+//     more sequences gain on Intel: B=64 38-41 -> 29-34 us), or by default on AMD Zen 2/3 16 MiB and
+//     on Zen 5 32 MiB, under which they stay in L3 from call to call. POSENC_CPU_PREFETCH=1 sets 32 KiB
+//     everywhere;
 //   distance: how many bytes ahead of a step's reads it prefetches (simd_rows.h, prefetch_ahead).
 struct Prefetch {
   bool on;
@@ -88,6 +92,10 @@ struct Prefetch {
 };
 // Throws on a POSENC_CPU_PREFETCH value other than 0 or 1.
 const Prefetch& cpu_prefetch();
+// The vector width of the fp16 row kernels on the AVX-512 paths, 256 or 512, chosen once per process
+// (isa.cpp): 512 on CPUs that execute 512-bit operations at full width (AMD Zen 5 and later), where
+// it measured faster. Throws on a POSENC_CPU_FP16_BITS value other than 256 or 512.
+int cpu_fp16_bits();
 // Non-temporal stores for outputs that cannot stay in cache (the sinusoidal ops' outputs,
 // cpu/sinusoidal_cpu.cpp; out-of-place RoPE outputs with rows on 64-byte boundaries, cpu/rope_cpu.cpp),
 // chosen once per process (isa.cpp, cpu_streaming): written so, a line is not first read into the
@@ -129,7 +137,8 @@ inline void end_streaming_stores() {
   _mm_sfence();
 #endif
 }
-// The kernels of `isa` (nullptr for Portable), with or without prefetch and non-temporal stores.
-const RowKernels* row_kernels(Isa isa, bool prefetch, bool stream);
+// The kernels of `isa` (nullptr for Portable), with or without prefetch and non-temporal stores, and
+// with fp16 rows in 512-bit vectors where `isa` has them.
+const RowKernels* row_kernels(Isa isa, bool prefetch, bool stream, bool fp16_512);
 
 }  // namespace posenc::cpu

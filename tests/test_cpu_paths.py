@@ -146,7 +146,7 @@ def _cpu() -> tuple[bool, bool, bool, int]:
 def test_prefetch_default_follows_the_cpu():
     """On by default except on AMD Zen 4 (AVX-512, family 25), as csrc/cpu/isa.cpp decides; from 16 MiB
     of rows on AMD Zen 2/3 (no AVX-512), from 32 MiB on AMD Zen 5 and later (family 26 on), from 32 KiB
-    elsewhere and wherever POSENC_CPU_PREFETCH=1; 8 KiB ahead on AMD CPUs without AVX-512, 2 KiB
+    elsewhere and wherever POSENC_CPU_PREFETCH=1; 8 KiB ahead on AMD CPUs, 2 KiB
     elsewhere, whatever POSENC_CPU_PREFETCH says."""
     code = ("import posenc_native as pn; i = pn.build_info(); "
             "print(i['cpu_prefetch'], i['cpu_prefetch_from_bytes'], i['cpu_prefetch_distance'])")
@@ -163,7 +163,7 @@ def test_prefetch_default_follows_the_cpu():
     amd_zen5_on = x86 and amd and family >= 26
     assert prefetch == str(x86 and not amd_zen4)
     assert from_bytes == str((16 << 20) if amd_zen2_3 else (32 << 20) if amd_zen5_on else 32 * 1024)
-    assert distance == str(8192 if amd_zen2_3 else 2048)
+    assert distance == str(8192 if x86 and amd else 2048)
 
 
 def test_fp16_vector_width_follows_the_cpu():
@@ -231,11 +231,14 @@ def _tables(tmp_path: Path, name: str, env: dict, seed: int) -> tuple[int, list]
 
 def test_streamed_tables_have_the_same_bits(tmp_path):
     """POSENC_CPU_STREAM=1 writes every table with non-temporal stores, =0 none, the default those of
-    32 MiB and more (csrc/cpu/isa.h, Streaming): the same bits every way, and the float64 reference's
-    values."""
+    32 MiB and more (csrc/cpu/isa.h, Streaming); with POSENC_CPU_PREFETCH=1 add_sinusoidal prefetches
+    the rows of every contiguous x, with =0 none: the same bits every way, and the float64
+    reference's values."""
     seed = int(torch.randint(0, 2 ** 31, ()))
-    never_from, never, never_adds, _ = _tables(tmp_path, "never", _env(POSENC_CPU_STREAM="0"), seed)
-    always_from, always, always_adds, bpos = _tables(tmp_path, "always", _env(POSENC_CPU_STREAM="1"), seed)
+    never_from, never, never_adds, _ = _tables(tmp_path, "never", _env(POSENC_CPU_STREAM="0", POSENC_CPU_PREFETCH="0"),
+                                               seed)
+    always_from, always, always_adds, bpos = _tables(tmp_path, "always",
+                                                     _env(POSENC_CPU_STREAM="1", POSENC_CPU_PREFETCH="1"), seed)
     default_from, default, default_adds, _ = _tables(tmp_path, "default", _env(), seed)
     assert always_from == 0 and never_from == 2 ** 63 - 1
     assert default_from == (32 << 20 if platform.machine() in ("x86_64", "AMD64") else never_from)

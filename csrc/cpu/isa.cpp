@@ -94,9 +94,11 @@ const Prefetch& cpu_prefetch() {
   static const Prefetch chosen = []() -> Prefetch {
     constexpr int64_t kL1 = 32 * 1024;
     const CpuKind& cpu = cpu_kind();
-    // 8 KiB ahead on AMD Zen 2/3: float32 rows streamed from DRAM on Zen 3 measured ~5% faster than with
-    // 2 KiB (4-12 KiB alike, 24 KiB worse); 2 KiB elsewhere, where Intel measured it (benchmarks/RESULTS.md).
-    const int64_t distance = cpu.amd_zen2_3() ? 8192 : 2048;
+    // 8 KiB ahead on AMD CPUs: float32 rows streamed from DRAM on Zen 3 measured ~5% faster than with
+    // 2 KiB (4-12 KiB alike, 24 KiB worse); on Zen 5 RoPE rows were as fast at 2-8 KiB, and
+    // add_sinusoidal's x rows 1.1-1.3x faster at 4-8 KiB than at 2 KiB. 2 KiB elsewhere, where Intel
+    // measured it (benchmarks/RESULTS.md).
+    const int64_t distance = cpu.amd ? 8192 : 2048;
     const char* want = std::getenv("POSENC_CPU_PREFETCH");
     if (want && *want) {
       if (std::strcmp(want, "0") == 0 || std::strcmp(want, "1") == 0) return {want[0] == '1', kL1, distance};

@@ -75,7 +75,8 @@ const RowKernels* row_kernels_avx512bf16(bool prefetch, bool stream, bool fp16_5
 // Throws on a POSENC_CPU_ISA value that is not one of the names above.
 Isa cpu_isa();
 const char* isa_name(Isa isa);
-// The SIMD kernels' software prefetch (above), chosen once per process (isa.cpp, cpu_prefetch):
+// The SIMD kernels' software prefetch (above), chosen once per process (isa.cpp, cpu_prefetch); the
+// add_sinusoidal loop reads x's rows with the same rule (cpu/sinusoidal_cpu.cpp):
 //   on: whether they prefetch at all;
 //   from_bytes: below this many bytes of rows a call prefetches nothing: 32 KiB, under which rows fit
 //     in L1 (a decode step of one sequence, 20 KiB, measured ~60 ns slower with prefetch, where two or

@@ -90,12 +90,28 @@ void add_encoding(T* __restrict__ out, const T* x, int64_t x_stride, M x_scale, 
   for (int64_t d = 0; d < dim; ++d) out[d] = from_math<T>(to_math<M>(x[d * x_stride]) * x_scale + pe[d]);
 }
 
+// The same for a contiguous row of x, each cache line's worth with a software prefetch of x `ahead`
+// bytes on (cpu/isa.h, Prefetch): a block's rows of one batch row are a run of 16 pages, and the
+// hardware prefetchers start over at each page. On AMD Zen 5, [8,4096,1024] float32 went from 1.9x
+// to 1.2x x.clone()'s time on one thread, 1.3x to 1.0x on two, 8 KiB ahead (2 KiB: 1.5x, 1.1x).
+template <typename T, typename M>
+void add_encoding_prefetched(T* __restrict__ out, const T* x, M x_scale, const M* pe, int64_t dim, int64_t ahead) {
+  constexpr int64_t kLine = 64 / sizeof(T);
+  const int64_t lines = dim / kLine * kLine;
+  for (int64_t d0 = 0; d0 < lines; d0 += kLine) {
+    __builtin_prefetch(reinterpret_cast<const char*>(x + d0) + ahead);
+    for (int64_t d = d0; d < d0 + kLine; ++d) out[d] = from_math<T>(to_math<M>(x[d]) * x_scale + pe[d]);
+  }
+  add_encoding(out + lines, x + lines, 1, x_scale, pe + lines, dim - lines);
+}
+
 // Units [begin, end): unit u is (position row pb, s). The table op writes each unit's encoding
 // row directly; add_sinusoidal lays a block of them out in pe_rows, then streams through x batch
 // row by batch row (every batch row when positions are [S]), so memory moves in long runs.
+// x_ahead: how far ahead add_sinusoidal prefetches x's rows (0: not at all).
 template <typename T>
-POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double* freq, bool stream, int64_t begin,
-                                       int64_t end) {
+POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double* freq, bool stream, int64_t x_ahead,
+                                       int64_t begin, int64_t end) {
   using M = math_t<T>;
   constexpr int64_t kBlock = 16;
   const SinusoidalParams& prm = p.params;
@@ -108,7 +124,9 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
     T* out = static_cast<T*>(p.out) + b * p.out_stride_b + s * p.out_stride_s;
     const T* x = static_cast<const T*>(p.x) + b * p.x_stride_b + s * p.x_stride_s;
     T* sum = stream ? row.data() : out;
-    if (p.x_stride_d == 1) {
+    if (x_ahead > 0) {
+      add_encoding_prefetched(sum, x, static_cast<M>(p.x_scale), pe, dim, x_ahead);
+    } else if (p.x_stride_d == 1) {
       add_encoding(sum, x, 1, static_cast<M>(p.x_scale), pe, dim);
     } else {
       add_encoding(sum, x, p.x_stride_d, static_cast<M>(p.x_scale), pe, dim);
@@ -153,8 +171,13 @@ void run_typed(const SinusoidalProblem& p) {
       output_extent({{p.x ? p.batch : 1, p.out_stride_b}, {p.seq, p.out_stride_s}}, p.params.dim, element);
   const bool stream =
       out_extent > 0 && cpu_streaming().for_output(out_rows * p.params.dim * element, p.out, out_extent);
-  torch::stable::parallel_for(0, units, grain,
-                   [&](int64_t begin, int64_t end) { sinusoidal_rows<T>(p, freq.data(), stream, begin, end); });
+  // x's contiguous rows read with software prefetch where the RoPE kernels' rows would be (same size).
+  const Prefetch& prefetch = cpu_prefetch();
+  const int64_t x_ahead =
+      p.x && p.x_stride_d == 1 && prefetch.for_rows(out_rows * p.params.dim * element) ? prefetch.distance : 0;
+  torch::stable::parallel_for(0, units, grain, [&](int64_t begin, int64_t end) {
+    sinusoidal_rows<T>(p, freq.data(), stream, x_ahead, begin, end);
+  });
 }
 
 }  // namespace

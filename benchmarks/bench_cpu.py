@@ -538,9 +538,10 @@ def main(argv: Optional[list[str]] = None) -> int:
           f"{info.get('cpu_prefetch', 'unknown')} from {info.get('cpu_prefetch_from_bytes', 'unknown')} bytes of rows, "
           f"{info.get('cpu_prefetch_distance', 'unknown')} bytes ahead (POSENC_CPU_PREFETCH={os.environ.get('POSENC_CPU_PREFETCH', '')!r}); "
           f"tables streamed from {info.get('cpu_stream_from_bytes', 'unknown')} bytes "
-          f"(POSENC_CPU_STREAM={os.environ.get('POSENC_CPU_STREAM', '')!r}); fp16 rows in "
-          f"{info.get('cpu_fp16_bits', 'unknown')}-bit vectors on AVX-512 paths "
-          f"(POSENC_CPU_FP16_BITS={os.environ.get('POSENC_CPU_FP16_BITS', '')!r})")
+          f"(POSENC_CPU_STREAM={os.environ.get('POSENC_CPU_STREAM', '')!r}); on AVX-512 paths fp16 rows in "
+          f"{info.get('cpu_fp16_bits', 'unknown')}-bit vectors, float32 in 512-bit ones under "
+          f"{info.get('cpu_fp32_512_below_bytes', 'unknown')} bytes of rows "
+          f"(POSENC_CPU_VECTOR_BITS={os.environ.get('POSENC_CPU_VECTOR_BITS', '')!r})")
     print(f"malloc:   {allocator}")
     print(f"decode:   fast path through the {info.get('fast_path') or 'general path (no _direct extension)'}")
     print(f"timing:   {args.clock} clock, {args.stat} of >= {settings.repeat} calls (and >= {settings.min_time} s) after {settings.warmup} "

@@ -29,8 +29,8 @@ std::string cpu_path() {
   }
 }
 // The SIMD kernels' prefetch (csrc/cpu/isa.h, Prefetch), the streaming threshold (Streaming) and the
-// fp16 rows' vector width (cpu_fp16_bits) as JSON fields, each null where POSENC_CPU_PREFETCH
-// (POSENC_CPU_STREAM, POSENC_CPU_FP16_BITS) is invalid.
+// 512-bit rows (VectorWidth) as JSON fields, each null where POSENC_CPU_PREFETCH (POSENC_CPU_STREAM,
+// POSENC_CPU_VECTOR_BITS) is invalid.
 std::string cpu_memory_fields() {
   std::string on = "null", from_bytes = "null", distance = "null";
   try {
@@ -45,14 +45,16 @@ std::string cpu_memory_fields() {
     stream_from = std::to_string(cpu::cpu_streaming().from_bytes);
   } catch (const std::exception&) {
   }
-  std::string fp16_bits = "null";
+  std::string fp16_bits = "null", fp32_wide_below = "null";
   try {
-    fp16_bits = std::to_string(cpu::cpu_fp16_bits());
+    const cpu::VectorWidth& w = cpu::cpu_vector_width();
+    fp16_bits = w.fp16_wide ? "512" : "256";
+    fp32_wide_below = std::to_string(w.fp32_wide_below);
   } catch (const std::exception&) {
   }
   return ", \"cpu_prefetch\": " + on + ", \"cpu_prefetch_from_bytes\": " + from_bytes +
          ", \"cpu_prefetch_distance\": " + distance + ", \"cpu_stream_from_bytes\": " + stream_from +
-         ", \"cpu_fp16_bits\": " + fp16_bits;
+         ", \"cpu_fp16_bits\": " + fp16_bits + ", \"cpu_fp32_512_below_bytes\": " + fp32_wide_below;
 }
 }  // namespace
 

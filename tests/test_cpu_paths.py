@@ -3,7 +3,8 @@ avx512bf16) and a portable loop; POSENC_CPU_ISA caps the path. The float64-refer
 whichever path this CPU takes; these tests run the same problems on every path this CPU has, each in
 its own process, and require the portable path's bits, with the SIMD kernels' software prefetch
 (POSENC_CPU_PREFETCH) on and off (on by default except on AMD Zen 4), and on the AVX-512 paths with fp16
-rows in 256- and 512-bit vectors (POSENC_CPU_FP16_BITS; 512 by default on AMD Zen 5): none may change bits.
+and float32 rows in 256- and 512-bit vectors (POSENC_CPU_VECTOR_BITS; by default 512 on AMD Zen 5 for fp16,
+and for float32 under 32 MiB of rows): none may change bits.
 
 Known exceptions, avoided by these inputs (random normal values): NaN payloads (F16C and
 vcvtneps2bf16 keep them, the portable conversions write one canonical NaN) and, on avx512bf16, bf16
@@ -63,7 +64,7 @@ def _env(**set_vars: str) -> dict:
     env.pop("POSENC_CPU_ISA", None)
     env.pop("POSENC_CPU_PREFETCH", None)
     env.pop("POSENC_CPU_STREAM", None)
-    env.pop("POSENC_CPU_FP16_BITS", None)
+    env.pop("POSENC_CPU_VECTOR_BITS", None)
     env.update(set_vars)
     return env
 
@@ -81,8 +82,8 @@ def _run_prefetch(tmp_path: Path, name: str, env: dict) -> tuple[str, str, list]
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     taken, prefetch, from_bytes, fp16_bits = proc.stdout.split()[:4]
-    if "POSENC_CPU_FP16_BITS" in env:
-        assert fp16_bits == env["POSENC_CPU_FP16_BITS"]
+    if "POSENC_CPU_VECTOR_BITS" in env:
+        assert fp16_bits == env["POSENC_CPU_VECTOR_BITS"]
     return taken, f"{prefetch} from {from_bytes}", torch.load(path)
 
 
@@ -95,16 +96,16 @@ def portable(tmp_path_factory) -> list:
 
 # POSENC_CPU_STREAM=1: the out-of-place calls whose rows lie on 64-byte boundaries (head_dim 128 and 96
 # with float32, 128 with 16-bit types here) write them with non-temporal stores (csrc/cpu/rope_cpu.cpp,
-# streams_output); the same bits. POSENC_CPU_FP16_BITS picks the AVX-512 paths' fp16 row kernels (the
-# avx2 path has only 256-bit ones).
-@pytest.mark.parametrize("prefetch,stream,fp16_bits", (("0", "0", "256"), ("1", "0", "256"), ("0", "1", "256"),
-                                                       ("1", "1", "256"), ("0", "0", "512"), ("1", "1", "512")))
+# streams_output); the same bits. POSENC_CPU_VECTOR_BITS picks the AVX-512 paths' float32 and fp16 row
+# kernels (the avx2 path has only 256-bit ones).
+@pytest.mark.parametrize("prefetch,stream,bits", (("0", "0", "256"), ("1", "0", "256"), ("0", "1", "256"),
+                                                  ("1", "1", "256"), ("0", "0", "512"), ("1", "1", "512")))
 @pytest.mark.parametrize("path", PATHS[1:])
-def test_every_simd_path_equals_portable(tmp_path, portable, path, prefetch, stream, fp16_bits):
-    if path == "avx2" and fp16_bits == "512":
+def test_every_simd_path_equals_portable(tmp_path, portable, path, prefetch, stream, bits):
+    if path == "avx2" and bits == "512":
         pytest.skip("the avx2 path has no 512-bit vectors")
     taken, prefetched, out = _run_prefetch(tmp_path, path, _env(POSENC_CPU_ISA=path, POSENC_CPU_PREFETCH=prefetch,
-                                                                POSENC_CPU_STREAM=stream, POSENC_CPU_FP16_BITS=fp16_bits))
+                                                                POSENC_CPU_STREAM=stream, POSENC_CPU_VECTOR_BITS=bits))
     if taken != path:
         pytest.skip(f"this CPU or build has no {path} path (capped to {taken})")
     # forced on: from 32 KiB of rows on every CPU, so the 64-token problems run the prefetching kernels
@@ -166,21 +167,24 @@ def test_prefetch_default_follows_the_cpu():
     assert distance == str(8192 if x86 and amd else 2048)
 
 
-def test_fp16_vector_width_follows_the_cpu():
-    """512-bit fp16 rows by default on AMD Zen 5 and later, 256-bit ones elsewhere; POSENC_CPU_FP16_BITS
-    overrides."""
-    code = "import posenc_native as pn; print(pn.build_info()['cpu_fp16_bits'])"
-    runs = {v: subprocess.run([sys.executable, "-c", code], env=_env(**({"POSENC_CPU_FP16_BITS": v} if v else {})),
+def test_vector_width_follows_the_cpu():
+    """By default on AMD Zen 5 and later 512-bit fp16 rows, and 512-bit float32 rows in calls under
+    32 MiB of rows; 256-bit ones elsewhere. POSENC_CPU_VECTOR_BITS=512 takes 512-bit rows for every
+    call, =256 for none."""
+    code = "import posenc_native as pn; i = pn.build_info(); print(i['cpu_fp16_bits'], i['cpu_fp32_512_below_bytes'])"
+    runs = {v: subprocess.run([sys.executable, "-c", code], env=_env(**({"POSENC_CPU_VECTOR_BITS": v} if v else {})),
                               capture_output=True, text=True, timeout=120) for v in ("", "256", "512")}
     assert all(r.returncode == 0 for r in runs.values()), [r.stderr[-2000:] for r in runs.values()]
     x86, amd, _, family = _cpu()
-    assert runs[""].stdout.strip() == ("512" if x86 and amd and family >= 26 else "256")
-    assert runs["256"].stdout.strip() == "256" and runs["512"].stdout.strip() == "512"
+    full_width = x86 and amd and family >= 26
+    assert runs[""].stdout.split() == (["512", str(32 << 20)] if full_width else ["256", "0"])
+    assert runs["256"].stdout.split() == ["256", "0"]
+    assert runs["512"].stdout.split() == ["512", str(2 ** 63 - 1)]
 
 
 @pytest.mark.parametrize("var,value,expected", (("POSENC_CPU_PREFETCH", "yes", "0 or 1"),
                                                 ("POSENC_CPU_ISA", "sse9", "avx2"),
-                                                ("POSENC_CPU_FP16_BITS", "1024", "256 or 512")))
+                                                ("POSENC_CPU_VECTOR_BITS", "1024", "256 or 512")))
 def test_bad_cpu_setting_is_a_clear_error(var, value, expected):
     """A value the library does not know fails the first RoPE call, naming the variable, the value and
     what it accepts; the rows are left as they were."""

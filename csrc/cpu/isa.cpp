@@ -116,19 +116,23 @@ const Prefetch& cpu_prefetch() {
   return chosen;
 }
 
-// Read once per process (isa.h). 512 on AMD Zen 5 and later, which execute 512-bit operations at
-// full width: in place there, fp16 rows in 512-bit vectors measured 0.85-0.92x the floor against
-// 1.1-1.28x in 256-bit ones, from cache and from DRAM alike (benchmarks/RESULTS.md). 256 elsewhere:
-// Zen 4 executes them as two halves, and measured 256-bit rows faster.
-int cpu_fp16_bits() {
-  static const int chosen = [] {
-    const char* want = std::getenv("POSENC_CPU_FP16_BITS");
+// Read once per process (isa.h). 512-bit rows on AMD Zen 5 and later, which execute 512-bit
+// operations at full width: in place there, fp16 rows in 512-bit vectors measured 0.85-0.92x the floor
+// against 1.1-1.28x in 256-bit ones, from cache and from DRAM alike; float32 rows 10-50% faster from
+// cache (two threads, 5 MiB of rows: half-split 43 vs 49-56 us, interleaved 42 vs 62-68 us) but
+// slower from DRAM, so only in calls under 32 MiB of rows (benchmarks/RESULTS.md). Zen 4 executes them
+// as two halves, and measured 256-bit rows faster; other CPUs are not measured.
+const VectorWidth& cpu_vector_width() {
+  static const VectorWidth chosen = []() -> VectorWidth {
+    constexpr int64_t kAlways = std::numeric_limits<int64_t>::max();
+    const char* want = std::getenv("POSENC_CPU_VECTOR_BITS");
     if (want && *want) {
-      if (std::strcmp(want, "256") == 0) return 256;
-      if (std::strcmp(want, "512") == 0) return 512;
-      posenc::fail("posenc: environment variable POSENC_CPU_FP16_BITS=", want, " is not 256 or 512");
+      if (std::strcmp(want, "256") == 0) return {false, 0};
+      if (std::strcmp(want, "512") == 0) return {true, kAlways};
+      posenc::fail("posenc: environment variable POSENC_CPU_VECTOR_BITS=", want, " is not 256 or 512");
     }
-    return cpu_kind().amd_zen5_on() ? 512 : 256;
+    if (cpu_kind().amd_zen5_on()) return {true, int64_t{32} << 20};
+    return {false, 0};
   }();
   return chosen;
 }
@@ -169,11 +173,11 @@ bool Streaming::pages_present(const void* out, int64_t bytes) {
   return true;
 }
 
-const RowKernels* row_kernels(Isa isa, bool prefetch, bool stream, bool fp16_512) {
+const RowKernels* row_kernels(Isa isa, bool prefetch, bool stream, bool wide) {
   switch (isa) {
     case Isa::Avx2: return row_kernels_avx2(prefetch, stream);
-    case Isa::Avx512: return row_kernels_avx512(prefetch, stream, fp16_512);
-    case Isa::Avx512Bf16: return row_kernels_avx512bf16(prefetch, stream, fp16_512);
+    case Isa::Avx512: return row_kernels_avx512(prefetch, stream, wide);
+    case Isa::Avx512Bf16: return row_kernels_avx512bf16(prefetch, stream, wide);
     default: return nullptr;
   }
 }

@@ -16,10 +16,11 @@
 // Prefetch is on by default, where it measured faster (Intel, AMD Zen 3 and Zen 5), except on AMD
 // Zen 4 (measured slower with it); POSENC_CPU_PREFETCH=0|1 overrides. Neither changes bits.
 //
-// float32 rows on the AVX-512 paths use 256-bit vectors (simd_rows.h, RowIsa): they measured faster
-// than 512-bit ones on AMD Zen 4 (which executes 512-bit operations as two halves), and on Zen 5
-// from DRAM. fp16 rows use 256-bit ones too, except on CPUs that execute 512-bit operations at full
-// width (cpu_fp16_bits; POSENC_CPU_FP16_BITS=256|512 overrides). Neither changes bits.
+// float32 and fp16 rows on the AVX-512 paths use 256-bit vectors (simd_rows.h, RowIsa), which
+// measured faster than 512-bit ones on AMD Zen 4 (it executes 512-bit operations as two halves),
+// except on CPUs that execute them at full width: there fp16 rows take 512-bit vectors, and float32
+// rows too where they stay in cache (cpu_vector_width; POSENC_CPU_VECTOR_BITS=256|512 overrides).
+// Neither changes bits.
 //
 // Interleaved rows with angles from frequencies (every dtype) use the factor-row kernels: for
 // float32 they measured 9-17% faster than the compiler-vectorized rotate_row_uniform (core/rope.h)
@@ -65,11 +66,11 @@ struct RowKernels {
 };
 
 // The row kernels of each SIMD path, with or without prefetch, with or without non-temporal stores
-// (Streaming, below), on the AVX-512 paths with fp16 rows in 512-bit vectors or in 256-bit ones
-// (cpu_fp16_bits), or nullptr where this build has none (rows_*.cpp).
+// (Streaming, below), on the AVX-512 paths in 512-bit vectors for every dtype (wide) or with float32
+// and fp16 rows in 256-bit ones (VectorWidth), or nullptr where this build has none (rows_*.cpp).
 const RowKernels* row_kernels_avx2(bool prefetch, bool stream);
-const RowKernels* row_kernels_avx512(bool prefetch, bool stream, bool fp16_512);
-const RowKernels* row_kernels_avx512bf16(bool prefetch, bool stream, bool fp16_512);
+const RowKernels* row_kernels_avx512(bool prefetch, bool stream, bool wide);
+const RowKernels* row_kernels_avx512bf16(bool prefetch, bool stream, bool wide);
 
 // The path the kernels take: the best this CPU and build have, capped by POSENC_CPU_ISA (isa.cpp).
 // Throws on a POSENC_CPU_ISA value that is not one of the names above.
@@ -93,10 +94,20 @@ struct Prefetch {
 };
 // Throws on a POSENC_CPU_PREFETCH value other than 0 or 1.
 const Prefetch& cpu_prefetch();
-// The vector width of the fp16 row kernels on the AVX-512 paths, 256 or 512, chosen once per process
-// (isa.cpp): 512 on CPUs that execute 512-bit operations at full width (AMD Zen 5 and later), where
-// it measured faster. Throws on a POSENC_CPU_FP16_BITS value other than 256 or 512.
-int cpu_fp16_bits();
+// Whether a call's rows take 512-bit vectors on the AVX-512 paths (bf16 rows always do), chosen once
+// per process (isa.cpp, cpu_vector_width): on CPUs that execute 512-bit operations at full width (AMD
+// Zen 5 and later) fp16 rows always, and float32 rows in calls under fp32_wide_below bytes of rows,
+// which stay in cache (from DRAM 512-bit float32 rows measured slower there); elsewhere neither.
+// POSENC_CPU_VECTOR_BITS=512 takes 512-bit vectors for every call, =256 for none.
+struct VectorWidth {
+  bool fp16_wide;
+  int64_t fp32_wide_below;
+  bool wide(int row_dtype, int64_t row_bytes) const {
+    return row_dtype == kRowHalf ? fp16_wide : row_dtype == kRowFloat ? row_bytes < fp32_wide_below : true;
+  }
+};
+// Throws on a POSENC_CPU_VECTOR_BITS value other than 256 or 512.
+const VectorWidth& cpu_vector_width();
 // Non-temporal stores for outputs that cannot stay in cache (the sinusoidal ops' outputs,
 // cpu/sinusoidal_cpu.cpp; out-of-place RoPE outputs with rows on 64-byte boundaries, cpu/rope_cpu.cpp),
 // chosen once per process (isa.cpp, cpu_streaming): written so, a line is not first read into the
@@ -139,7 +150,7 @@ inline void end_streaming_stores() {
 #endif
 }
 // The kernels of `isa` (nullptr for Portable), with or without prefetch and non-temporal stores, and
-// with fp16 rows in 512-bit vectors where `isa` has them.
-const RowKernels* row_kernels(Isa isa, bool prefetch, bool stream, bool fp16_512);
+// in 512-bit vectors for every dtype (wide) where `isa` has them.
+const RowKernels* row_kernels(Isa isa, bool prefetch, bool stream, bool wide);
 
 }  // namespace posenc::cpu

@@ -186,7 +186,8 @@ void run_typed(const RopeProblem& p) {
     const int64_t bytes = tokens * per_token * static_cast<int64_t>(sizeof(T));
     const bool prefetch = cpu_prefetch().for_rows(bytes);
     stream = streams_output(p, bytes, sizeof(T));
-    if (const RowKernels* k = row_kernels(cpu_isa(), prefetch, stream, cpu_fp16_bits() == 512)) {
+    const bool wide = cpu_vector_width().wide(kRowDtype<T>, bytes);
+    if (const RowKernels* k = row_kernels(cpu_isa(), prefetch, stream, wide)) {
       simd = k->rotate[kRowDtype<T>][kInterleaved ? 1 : 0];
       order = k->order[kRowDtype<T>][kInterleaved ? 1 : 0];
       if (!kInterleaved && p.inv_freq) uniform = k->uniform[kRowDtype<T>][kInverse ? 1 : 0];

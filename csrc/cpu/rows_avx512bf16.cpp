@@ -3,11 +3,10 @@
 
 namespace posenc::cpu {
 
-const RowKernels* row_kernels_avx512bf16(bool prefetch, bool stream, bool fp16_512) {
+const RowKernels* row_kernels_avx512bf16(bool prefetch, bool stream, bool wide) {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && defined(__AVX512BF16__)
-  // fp16 rows in this path's 512-bit vectors, or in 256-bit ones (simd_rows.h, RowIsa)
-  return fp16_512 ? kRowKernelsFor<Avx512Bf16, Avx512Bf16>[prefetch][stream]
-                  : kRowKernelsFor<Avx512Bf16>[prefetch][stream];
+  // every dtype in this path's 512-bit vectors, or float32 and fp16 in 256-bit ones (simd_rows.h, RowIsa)
+  return wide ? kRowKernelsFor<Avx512Bf16, Avx512Bf16, Avx512Bf16>[prefetch][stream] : kRowKernelsFor<Avx512Bf16>[prefetch][stream];
 #else
   return nullptr;  // a build without this instruction set
 #endif

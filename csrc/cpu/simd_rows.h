@@ -210,10 +210,10 @@ struct Io<Avx512, BFloat16> {
   }
 };
 
-// fp16 rows on the AVX-512 paths where cpu_fp16_bits() is 256 (isa.h): 256-bit vectors (the Avx2
-// policy), which measured faster than 512-bit ones on AMD Zen 4 (in place against the memory floor),
-// with the interleaved pair swap as a 64-bit rotate (AVX512VL), which measured faster there than
-// the float permute. Where it is 512, fp16 rows take the path's own policy (rows_avx512*.cpp).
+// fp16 rows on the AVX-512 paths in 256-bit vectors (isa.h, VectorWidth): the Avx2 policy, which
+// measured faster than 512-bit ones on AMD Zen 4 (in place against the memory floor), with the
+// interleaved pair swap as a 64-bit rotate (AVX512VL), which measured faster there than the float
+// permute. In 512-bit vectors they take the path's own policy (rows_avx512*.cpp).
 struct Avx512Ymm : Avx2 {
   static F swap_pairs(F x) { return _mm256_castsi256_ps(_mm256_ror_epi64(_mm256_castps_si256(x), 32)); }
 };
@@ -449,7 +449,8 @@ struct RowIsa<I, Half> {
   using type = Avx512Ymm;
 };
 // float32 too: 512-bit rows measured ~15% slower than 256-bit ones against the in-place memory
-// floor (DRAM-bound, AMD Zen 4), as fast on cache-resident decode batches (benchmarks/RESULTS.md).
+// floor (DRAM-bound, AMD Zen 4), as fast on cache-resident decode batches (benchmarks/RESULTS.md);
+// rows_avx512*.cpp take the path's own where isa.h's VectorWidth says so.
 template <class I>
   requires std::is_base_of_v<Avx512, I>
 struct RowIsa<I, Float> {
@@ -457,8 +458,8 @@ struct RowIsa<I, Float> {
 };
 #endif
 
-// The table of one instruction set, for one way of moving rows (Moves), with fp16 rows in vectors H,
-// indexed as RowKernels::rotate and RowKernels::order.
+// The table of one instruction set, for one way of moving rows (Moves), with fp16 rows in vectors H
+// and float32 rows in F, indexed as RowKernels::rotate and RowKernels::order.
 template <class I, class Mv, class H = typename RowIsa<I, Half>::type, class F = typename RowIsa<I, Float>::type,
           class B = typename RowIsa<I, BFloat16>::type>
 constexpr RowKernels kRowKernels = {{{kRotate<F, Float, Mv>[0], kRotate<F, Float, Mv>[1]},
@@ -471,12 +472,12 @@ constexpr RowKernels kRowKernels = {{{kRotate<F, Float, Mv>[0], kRotate<F, Float
                                      {kUniform<B, BFloat16, Mv>[0], kUniform<B, BFloat16, Mv>[1]},
                                      {kUniform<H, Half, Mv>[0], kUniform<H, Half, Mv>[1]}}};
 
-// The tables of one instruction set (rows_*.cpp): [prefetch][stream], fp16 rows in vectors H (the
-// path's own on the AVX-512 paths where cpu_fp16_bits() is 512, isa.h).
-template <class I, class H = typename RowIsa<I, Half>::type>
+// The tables of one instruction set (rows_*.cpp): [prefetch][stream], fp16 rows in vectors H and
+// float32 rows in F (the path's own on the AVX-512 paths where isa.h's VectorWidth says so).
+template <class I, class H = typename RowIsa<I, Half>::type, class F = typename RowIsa<I, Float>::type>
 constexpr const RowKernels* kRowKernelsFor[2][2] = {
-    {&kRowKernels<I, Moves<false, false>, H>, &kRowKernels<I, Moves<false, true>, H>},
-    {&kRowKernels<I, Moves<true, false>, H>, &kRowKernels<I, Moves<true, true>, H>}};
+    {&kRowKernels<I, Moves<false, false>, H, F>, &kRowKernels<I, Moves<false, true>, H, F>},
+    {&kRowKernels<I, Moves<true, false>, H, F>, &kRowKernels<I, Moves<true, true>, H, F>}};
 
 }  // namespace
 }  // namespace posenc::cpu

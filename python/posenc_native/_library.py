@@ -210,7 +210,8 @@ def build_info() -> dict[str, Any]:
     ``cpu_stream_from_bytes`` (int: the output size from which a CPU sinusoidal op's output, or an
     out-of-place RoPE output, is written with non-temporal stores where its pages are mapped in
     already, ``POSENC_CPU_STREAM``), ``cpu_fp16_bits`` (int: 256 or 512, the vector width of the
-    fp16 row kernels on the AVX-512 paths, ``POSENC_CPU_FP16_BITS``), ``library``
+    fp16 row kernels on the AVX-512 paths) and ``cpu_fp32_512_below_bytes`` (int: float32 rows take
+    512-bit vectors there in calls under this many bytes of rows; both ``POSENC_CPU_VECTOR_BITS``), ``library``
     (path), ``cuda_library`` (path of the loaded CUDA kernel library, or None: a CPU-only
     torch, or a build without CUDA kernels), ``torch_supported`` (the torch range, as a requirement),
     ``fast_path`` (how the decode fast path reaches the CPU kernels: ``"direct entry"``,

@@ -4,6 +4,7 @@
 #include "host/stable.h"
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <string>
 #if defined(__linux__)
@@ -27,6 +28,25 @@ struct CpuKind {
   bool amd_zen4() const { return amd && avx512 && family < 26; }
   bool amd_zen5_on() const { return amd && family >= 26; }
 };
+
+// Rows per call that stay in AMD Zen 5's 32 MiB L3 from call to call: below it, software prefetch
+// measured slower and 512-bit float32 rows faster; above it, the reverse (benchmarks/RESULTS.md).
+constexpr int64_t kZen5CachedRowBytes = int64_t{32} << 20;
+
+// Which of `accepted` the environment variable `name` holds: its index, or -1 when it is unset or
+// empty. Any other value fails, naming the variable, the value and what it accepts.
+int env_choice(const char* name, std::initializer_list<const char*> accepted) {
+  const char* value = std::getenv(name);
+  if (!value || !*value) return -1;
+  int i = 0;
+  std::string expected;
+  for (const char* a : accepted) {
+    if (std::strcmp(value, a) == 0) return i;
+    expected += (i == 0 ? "" : i + 1 == static_cast<int>(accepted.size()) ? " or " : ", ") + std::string(a);
+    ++i;
+  }
+  posenc::fail("posenc: environment variable ", name, "=", value, " is not accepted: expected ", expected);
+}
 
 const CpuKind& cpu_kind() {
   static const CpuKind kind = [] {
@@ -68,13 +88,8 @@ Isa detected() {
 Isa cap() {
   const char* portable = std::getenv("POSENC_CPU_PORTABLE");
   if (portable && std::strcmp(portable, "1") == 0) return Isa::Portable;
-  const char* want = std::getenv("POSENC_CPU_ISA");
-  if (!want || !*want) return Isa::Avx512Bf16;
-  for (int i = 0; i < 4; ++i) {
-    if (std::strcmp(want, kNames[i]) == 0) return static_cast<Isa>(i);
-  }
-  posenc::fail("posenc: environment variable POSENC_CPU_ISA=", want,
-              " is not a CPU path: expected portable, avx2, avx512 or avx512bf16");
+  const int want = env_choice("POSENC_CPU_ISA", {kNames[0], kNames[1], kNames[2], kNames[3]});
+  return want < 0 ? Isa::Avx512Bf16 : static_cast<Isa>(want);
 }
 
 }  // namespace
@@ -99,18 +114,15 @@ const Prefetch& cpu_prefetch() {
     // add_sinusoidal's x rows 1.1-1.3x faster at 4-8 KiB than at 2 KiB. 2 KiB elsewhere, where Intel
     // measured it (benchmarks/RESULTS.md).
     const int64_t distance = cpu.amd ? 8192 : 2048;
-    const char* want = std::getenv("POSENC_CPU_PREFETCH");
-    if (want && *want) {
-      if (std::strcmp(want, "0") == 0 || std::strcmp(want, "1") == 0) return {want[0] == '1', kL1, distance};
-      posenc::fail("posenc: environment variable POSENC_CPU_PREFETCH=", want, " is not 0 or 1");
-    }
+    const int want = env_choice("POSENC_CPU_PREFETCH", {"0", "1"});
+    if (want >= 0) return {want == 1, kL1, distance};
     // Off on AMD Zen 4, where it measured slower (fp32 in place 1.06 -> 1.21-1.39x the floor). Other
     // AMD CPUs prefetch only rows too big to stay in their L3 from call to call (a decode batch): Zen 3
     // from 16 MiB (float32 rows from DRAM gained; rows of 1.3-10 MiB measured 10-30% slower with it),
-    // Zen 5 from 32 MiB (in place from DRAM on two threads at most 1.08-1.16x the floor with it,
-    // up to 1.45-1.72x without; one thread's rows of 1.25-30 MiB 5-15% slower with it). Intel CPUs
+    // Zen 5 from 32 MiB (in place from DRAM on two threads at most 1.03-1.16x the floor with it,
+    // up to 1.27-1.72x without; one thread's rows of 1.25-30 MiB 5-15% slower with it). Intel CPUs
     // prefetch from 32 KiB: a decode batch of two or more sequences gained there (benchmarks/RESULTS.md).
-    const int64_t from_bytes = cpu.amd_zen2_3() ? int64_t{16} << 20 : cpu.amd_zen5_on() ? int64_t{32} << 20 : kL1;
+    const int64_t from_bytes = cpu.amd_zen2_3() ? int64_t{16} << 20 : cpu.amd_zen5_on() ? kZen5CachedRowBytes : kL1;
     return {cpu.x86 && !cpu.amd_zen4(), from_bytes, distance};
   }();
   return chosen;
@@ -125,14 +137,11 @@ const Prefetch& cpu_prefetch() {
 const VectorWidth& cpu_vector_width() {
   static const VectorWidth chosen = []() -> VectorWidth {
     constexpr int64_t kAlways = std::numeric_limits<int64_t>::max();
-    const char* want = std::getenv("POSENC_CPU_VECTOR_BITS");
-    if (want && *want) {
-      if (std::strcmp(want, "256") == 0) return {false, 0};
-      if (std::strcmp(want, "512") == 0) return {true, kAlways};
-      posenc::fail("posenc: environment variable POSENC_CPU_VECTOR_BITS=", want, " is not 256 or 512");
+    switch (env_choice("POSENC_CPU_VECTOR_BITS", {"256", "512"})) {
+      case 0: return {false, 0};
+      case 1: return {true, kAlways};
+      default: return cpu_kind().amd_zen5_on() ? VectorWidth{true, kZen5CachedRowBytes} : VectorWidth{false, 0};
     }
-    if (cpu_kind().amd_zen5_on()) return {true, int64_t{32} << 20};
-    return {false, 0};
   }();
   return chosen;
 }
@@ -144,11 +153,10 @@ const VectorWidth& cpu_vector_width() {
 const Streaming& cpu_streaming() {
   static const Streaming chosen = []() -> Streaming {
     constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
-    const char* want = std::getenv("POSENC_CPU_STREAM");
-    if (want && *want) {
-      if (std::strcmp(want, "0") == 0) return {kNever, false};
-      if (std::strcmp(want, "1") == 0) return {0, true};
-      posenc::fail("posenc: environment variable POSENC_CPU_STREAM=", want, " is not 0 or 1");
+    switch (env_choice("POSENC_CPU_STREAM", {"0", "1"})) {
+      case 0: return {kNever, false};
+      case 1: return {0, true};
+      default: break;
     }
 #if defined(__x86_64__) || defined(_M_X64)
     return {int64_t{32} << 20, false};

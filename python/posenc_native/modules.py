@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from . import ops
+from . import _fx, ops
 from ._rope_math import cos_sin_from_angles, rope_angles, rotate_half
 from .config import RopeConfig, YarnScaling
 
@@ -30,6 +30,8 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.register_buffer("pe", ops.sinusoidal_table(max_len, d_model).unsqueeze(0), persistent=False)
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        if (node := _fx.module_node(self, x, offset)) is not None:
+            return node  # torch.fx.symbolic_trace, below a root: this module as one node (its check needs x's shape)
         if x.shape[-1] != self.d_model:
             raise ValueError(f"x's last dim must be d_model={self.d_model}, got shape {tuple(x.shape)}")
         return ops.add_sinusoidal(x, offset=offset)
@@ -46,6 +48,10 @@ class LearnablePositionalEncoding(nn.Module):
         nn.init.normal_(self.position_embeddings.weight, std=0.02)
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        if not torch.jit.is_scripting():  # TorchScript compiles this module; fx traces it as one node
+            node = _fx.module_node(self, x, offset)
+            if node is not None:
+                return node
         seq = x.shape[-2]
         if offset + seq > self.max_len:
             raise ValueError(f"sequence of length {seq} at offset {offset} exceeds max_len={self.max_len} of "
@@ -82,6 +88,8 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None,
                 offset: int = 0, cu_seqlens: Optional[torch.Tensor] = None):
+        if (node := _fx.module_node(self, q, k, positions, offset, cu_seqlens)) is not None:
+            return node  # torch.fx.symbolic_trace, below a root: this module as one node
         # ops.apply_rope(q, k, positions, config=self.config, layout=self.layout, offset=offset,
         # cu_seqlens=cu_seqlens), without its keyword handling (a tenth of a decode step's Python time)
         return (ops._rope if ops._FAST is None else ops._FAST.rope)(
@@ -168,8 +176,7 @@ class RoPEPositionalEncoding(nn.Module):
                *, layout: str = "bhsd", offset: int = 0):
         """Rotate q and k in one fused pass (``ops.apply_rope``); ``layout`` "bhsd" (default, the
         seed's ``[batch, heads, seq, dim]``), "bshd" or "thd". Returns ``(q, k)``."""
-        return ops.apply_rope(q, k, positions, inv_freq=self.config.inv_freq_on(q.device), attention_factor=1.0,
-                              interleaved=False, layout=layout, offset=offset)
+        return _rotate_by(self.config, 1.0, q, k, positions, layout, offset)
 
 
 class YaRNPositionalEncoding(nn.Module):
@@ -224,6 +231,14 @@ class YaRNPositionalEncoding(nn.Module):
                *, layout: str = "bhsd", offset: int = 0):
         """Rotate q and k with YaRN in one fused pass (``ops.apply_rope``); ``layout`` "bhsd"
         (default), "bshd" or "thd". Returns ``(q, k)``."""
-        return ops.apply_rope(q, k, positions, inv_freq=self.config.inv_freq_on(q.device),
-                              attention_factor=self.attention_factor, interleaved=self.config.interleaved,
-                              layout=layout, offset=offset)
+        return _rotate_by(self.config, self.attention_factor, q, k, positions, layout, offset)
+
+
+def _rotate_by(config: RopeConfig, attention_factor: float, q: torch.Tensor, k: Optional[torch.Tensor],
+               positions: Optional[torch.Tensor], layout: str, offset: int):
+    """``ops.apply_rope`` with ``config``'s frequencies and pairing, for q of any head_dim the rotary dim
+    fits in (``config=`` wants q's head_dim to be config.head_dim): the seed classes' ``rotate``."""
+    if (proxy := _fx.proxy_in(q, k, positions, offset)) is not None:  # q.device is not known while fx traces
+        return _fx.record_call(proxy, _rotate_by, config, attention_factor, q, k, positions, layout, offset)
+    return ops.apply_rope(q, k, positions, inv_freq=config.inv_freq_on(q.device), attention_factor=attention_factor,
+                          interleaved=config.interleaved, layout=layout, offset=offset)

@@ -11,7 +11,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from . import _library
+from . import _fx, _library
 from ._contexts import MODES_ACTIVE
 from ._forward_ad import make_dual as _make_dual, refuse_tangents as _refuse_tangents
 from ._forward_ad import tangents as _tangents, through_linear as _through_linear
@@ -118,6 +118,11 @@ def sinusoidal_table(positions: Positions, dim: int, *, base: float = 10000.0, i
         dtype: float32, float16, bfloat16 or float64 output.
         device: where to build the table (default: the positions' device, or CPU for an int).
     """
+    if (proxy := _fx.proxy_in(positions, dim, dtype, device, base, interleaved, freq_shift, angle_scale,
+                              cos_first)) is not None:
+        return _fx.record_call(proxy, sinusoidal_table, positions, dim, base=base, interleaved=interleaved,
+                               freq_shift=freq_shift, angle_scale=angle_scale, cos_first=cos_first, dtype=dtype,
+                               device=device)
     dim = _check_int("dim", dim)
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__} {dtype!r}")
@@ -146,6 +151,12 @@ def add_sinusoidal(x: torch.Tensor, positions: Optional[torch.Tensor] = None, *,
 
     Differentiable with respect to x.
     """
+    if (type(x) is not _Tensor or (positions is not None and type(positions) is not _Tensor)) and (
+            proxy := _fx.proxy_in(x, positions, offset, x_scale, base, interleaved, freq_shift, angle_scale,
+                                  cos_first)) is not None:  # (the test on x first: add_sinusoidal may run per token)
+        return _fx.record_call(proxy, add_sinusoidal, x, positions, offset=offset, x_scale=x_scale, base=base,
+                               interleaved=interleaved, freq_shift=freq_shift, angle_scale=angle_scale,
+                               cos_first=cos_first)
     x = _check_tensor("x", x)  # its shape is checked by the op (a 1-D x has no seq dim to default from)
     positions = _check_tensor("positions", positions, optional=True)
     if (dual := _tangents(x)) is not None:  # d/dx (x * x_scale + PE) = x_scale
@@ -320,6 +331,12 @@ def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, i
             and (positions is None or isinstance(positions, _Tensor))
             and (cu_seqlens is None or isinstance(cu_seqlens, _Tensor))
             and (inv_freq is None or isinstance(inv_freq, _Tensor))):
+        if (proxy := _fx.proxy_in(q, k, positions, cu_seqlens, inv_freq, offset)) is not None:
+            given = {"config": config, "inv_freq": inv_freq, "attention_factor": attention_factor,
+                     "interleaved": interleaved, "cu_seqlens": cu_seqlens, "rotary_dim": rotary_dim,
+                     "mrope_section": mrope_section, "mrope_interleaved": mrope_interleaved or None}
+            return _fx.record_call(proxy, apply_rope_ if in_place else apply_rope, q, k, positions, layout=layout,
+                                   offset=offset, **{name: v for name, v in given.items() if v is not None})
         shape_text = "[tokens, heads, head_dim]" if layout == "thd" else f"{n}-D ({layout})"
         _check_tensor("q", q, dims=(n,), shape_text=shape_text + f" for layout {layout!r}")
         _check_tensor("k", k, optional=True, dims=(n,), shape_text=shape_text + f" for layout {layout!r}")
@@ -491,6 +508,8 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         done = _FAST.rope_cos_sin(q, k, cos, sin, *_cos_sin_positions_layout(cos, position_ids, unsqueeze_dim))
         if done is not None:
             return done
+    if (proxy := _fx.proxy_in(q, k, cos, sin, position_ids, unsqueeze_dim)) is not None:
+        return _fx.record_call(proxy, apply_rotary_pos_emb, q, k, cos, sin, position_ids, unsqueeze_dim)
     for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         _check_tensor(name, t)
     _check_tensor("position_ids", position_ids, optional=True)

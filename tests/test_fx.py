@@ -53,6 +53,8 @@ class EveryEntry(nn.Module):
         cos, sin = self.seed_yarn(x.shape[1])
         out["cos_sin_q"], out["cos_sin_k"] = pn.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)
         out["seed_q"], out["seed_k"] = self.seed_rope.rotate(q, k, layout="bshd")
+        cos, sin = self.seed_yarn(x.shape[1])
+        out["seed_cos_sin_q"] = self.seed_yarn.apply_rotary_emb(q.transpose(1, 2), cos, sin).transpose(1, 2)
         out["alibi"] = self.alibi(x.shape[1], v.shape[1] + 1)  # Lk = Lq + 1: one cached key
         return out
 
@@ -78,6 +80,7 @@ def _references(model: EveryEntry, x: torch.Tensor, positions: torch.Tensor) -> 
     truth["inplace_q"], truth["inplace_k"] = reference.apply_rope(q, k, None, YARN)
     truth["seed_q"], truth["seed_k"] = reference.apply_rope(q, k, None, model.seed_rope.config)
     truth["cos_sin_q"], truth["cos_sin_k"] = reference.apply_rope(q, k, None, model.seed_yarn.config)
+    truth["seed_cos_sin_q"] = truth["cos_sin_q"]
     truth["alibi"] = reference.alibi_bias(model.alibi.slopes, s, s + 1)
     return truth
 
@@ -89,7 +92,7 @@ def test_traced_model_gives_the_eager_bits_and_the_reference():
     # each entry point is one node: the modules whose checks read shapes as calls of themselves
     called = {n.target for n in traced.graph.nodes if n.op == "call_function"}
     assert {ops.apply_rope, ops.apply_rope_, ops.add_sinusoidal, ops.sinusoidal_table, ops.apply_rotary_pos_emb,
-            modules._rotate_by} <= called
+            modules._rotate_by, pn.RoPEPositionalEncoding.apply_rotary_emb} <= called
     assert {"sinusoidal", "learned", "rotary"} <= {n.target for n in traced.graph.nodes if n.op == "call_module"}
     for b, s, seed in ((2, 24, 1), (3, 9, 2)):  # not the shapes of any trace: fx records none
         x, positions = _inputs(b, s, seed)

@@ -163,6 +163,8 @@ class RoPEPositionalEncoding(nn.Module):
         """``x * cos + rotate_half(x) * sin`` with broadcasting, as in the seed (x ``[..., seq, dim]``,
         cos/sin ``[seq, dim]``). Runs as one fused kernel when the shapes allow (x ``[B,H,S,D]`` or
         ``[B,S,D]``, cos/sin ``[S,D]`` or ``[B,S,D]``), else as the plain formula."""
+        if (proxy := _fx.proxy_in(x, cos, sin)) is not None:  # the choice needs real shapes
+            return _fx.record_call(proxy, RoPEPositionalEncoding.apply_rotary_emb, x, cos, sin)
         if _fused_cos_sin_ok(x, cos, sin):
             x4 = x if x.dim() == 4 else x.unsqueeze(1)
             if x4.stride(-1) != 1:

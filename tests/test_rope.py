@@ -209,6 +209,38 @@ def test_precision_at_long_positions(device, interleaved):
     assert (q_out.double().cpu() - truth).abs().max().item() <= 2e-6
 
 
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("start", [994095, (1 << 23) + 12345])
+@pytest.mark.parametrize("by_offset", [True, False])
+def test_float64_rows_as_exact_as_their_float64_angles(interleaved, start, by_offset):
+    """float64 output against the exact rotation (mpmath, 200 bits, by the binary values of inv_freq):
+    within half an ulp of the largest angle, the rounding of ``position * inv_freq`` itself, at
+    positions where that exceeds the 1e-12 bound; consecutive positions, so the rows between the
+    kernel's anchors (rotated from an anchor's angle, not evaluated again) are covered too."""
+    mpmath = pytest.importorskip("mpmath")
+    mpmath.mp.prec = 200
+    gen = torch.Generator().manual_seed(start % 1000 + interleaved)
+    seq, head_dim = 20, 32
+    q = torch.randn(1, seq, 2, head_dim, generator=gen, dtype=torch.float64)
+    inv = default_inv_freq(head_dim)
+    positions = torch.arange(start, start + seq)
+    q_out, _ = (pn.apply_rope(q, offset=start, inv_freq=inv, interleaved=interleaved) if by_offset else
+                pn.apply_rope(q, positions=positions, inv_freq=inv, interleaved=interleaved))
+    half = head_dim // 2
+    pair = ((lambda i: (2 * i, 2 * i + 1)) if interleaved else (lambda i: (i, i + half)))
+    exact = torch.empty_like(q)
+    for s in range(seq):
+        for i in range(half):
+            angle = mpmath.mpf(int(positions[s])) * mpmath.mpf(float(inv[i]))
+            c, sn = mpmath.cos(angle), mpmath.sin(angle)
+            a, b = pair(i)
+            for h in range(q.shape[2]):
+                x1, x2 = mpmath.mpf(float(q[0, s, h, a])), mpmath.mpf(float(q[0, s, h, b]))
+                exact[0, s, h, a], exact[0, s, h, b] = float(x1 * c - x2 * sn), float(x2 * c + x1 * sn)
+    err = ((q_out - exact).norm() / exact.norm()).item()
+    assert err <= 2.0 ** -53 * (start + seq) + 1e-15, err
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("unsqueeze_dim", [1, 2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -126,6 +126,24 @@ def test_traced_model_runs_the_checks_when_it_runs():
         traced(torch.randn(1, 9, D))
 
 
+def test_in_place_call_survives_dead_code_elimination():
+    """apply_rope_'s outputs are often unused (q and k are read instead): fx passes must keep it."""
+
+    class InPlace(nn.Module):
+        def forward(self, q, k):
+            q, k = q.clone(), k.clone()
+            pn.apply_rope_(q, k, config=YARN)
+            return q, k
+
+    traced = fx.symbolic_trace(InPlace())
+    traced.graph.eliminate_dead_code()
+    traced.recompile()
+    assert ops.apply_rope_ in {n.target for n in traced.graph.nodes}
+    q, k = torch.randn(2, 9, HEADS, HEAD_DIM), torch.randn(2, 9, KV_HEADS, HEAD_DIM)
+    for got, truth in zip(traced(q, k), reference.apply_rope(q.double(), k.double(), None, YARN)):
+        torch.testing.assert_close(got.double(), truth, rtol=0, atol=2e-5)
+
+
 def test_config_is_the_same_object_in_the_graph():
     """A RopeConfig argument stays one object (fx would rebuild a dataclass from its fields on every
     call, recomputing its frequencies), through deepcopy and torch.save too."""

@@ -38,6 +38,13 @@ def record_call(proxy: Proxy, fn: Callable, *args: Any, **kwargs: Any) -> Proxy:
     return tracer.create_proxy("call_function", fn, args, kwargs)
 
 
+def writes_in_place(fn: Callable) -> Callable:
+    """Marks ``fn`` as writing its inputs, so that fx passes keep its node when nothing reads its
+    outputs (``Graph.eliminate_dead_code`` drops any other such call: the rotation would be lost)."""
+    has_side_effect = getattr(torch.fx.node, "has_side_effect", None)
+    return has_side_effect(fn) if has_side_effect is not None else fn
+
+
 def module_node(module: torch.nn.Module, *args: Any) -> Optional[Proxy]:
     """When an argument is a Proxy and ``module`` is a submodule of the traced root, records
     ``module(*args)`` as one ``call_module`` node and returns it (the module then runs whole, its checks

@@ -470,6 +470,7 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Opt
                          cu_seqlens, rotary_dim, mrope_section, mrope_interleaved)
 
 
+@_fx.writes_in_place
 def apply_rope_(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None, *,
                 config: Optional["RopeConfig"] = None, inv_freq: Optional[torch.Tensor] = None,
                 attention_factor: Optional[float] = None, interleaved: Optional[bool] = None, layout: str = "bshd",

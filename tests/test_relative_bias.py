@@ -264,6 +264,22 @@ def test_alibi_bias_equals_float64_reference(device, dtype, tol):
     assert pn.alibi_bias(slopes.double(), 3, 4).dtype == torch.float64
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_alibi_rounds_the_float64_product_once(device):
+    """Far into a sequence (distances past 2^24, where float32 no longer holds every integer) and with
+    float64 slopes, the bias is the float64 product rounded once to the output (then to a half type
+    through float32), not a product of a rounded distance or a rounded slope."""
+    g = torch.Generator().manual_seed(11)
+    for slopes in (torch.rand(6, generator=g) * 2 - 1, torch.rand(6, generator=g, dtype=torch.float64) * 2 - 1):
+        slopes = slopes.to(device)
+        for off in (2**24 + 3, 2**29 - 7, 12345):
+            want = reference.alibi_bias(slopes, 7, 11, query_offset=off)
+            assert torch.equal(pn.alibi_bias(slopes, 7, 11, query_offset=off, dtype=torch.float32), want.float())
+            assert torch.equal(pn.alibi_bias(slopes, 7, 11, query_offset=off, dtype=torch.bfloat16),
+                               want.float().bfloat16())
+            assert torch.equal(pn.alibi_bias(slopes, 7, 11, query_offset=off, dtype=torch.float64), want)
+
+
 def test_alibi_under_causal_softmax_equals_bloom_and_mpt():
     heads, L = 6, 40
     slopes = pn.alibi_slopes(heads)
@@ -355,6 +371,20 @@ def test_alibi_score_mod_equals_sdpa_with_the_bias():
     g = torch.randn_like(out)
     torch.testing.assert_close(torch.autograd.grad(out, slopes, g)[0], torch.autograd.grad(want, slopes, g)[0],
                                rtol=1e-4, atol=1e-5)
+
+
+def test_alibi_score_mod_far_into_a_sequence():
+    """flex_attention hands score mods int32 indices: an offset past 2^31 must not wrap the distance
+    (the bias would change sign), nor one past 2^24 round it."""
+    heads, lq, lk = 5, 6, 9
+    slopes = torch.rand(heads, generator=torch.Generator().manual_seed(12)) * 2 - 1
+    h, qi, ki = (torch.arange(n, dtype=torch.int32) for n in (heads, lq, lk))
+    h, qi, ki = h[:, None, None], qi[None, :, None], ki[None, None, :]
+    score = torch.randn(heads, lq, lk)
+    for off in (2**24 + 3, 2**31 + 5, 2**32 + 1, -(2**31) - 9):
+        got = pn.flex.alibi_score_mod(slopes, query_offset=off)(score, 0, h, qi, ki)
+        bias = pn.alibi_bias(slopes, lq, lk, query_offset=off, dtype=torch.float64)[0]
+        torch.testing.assert_close(got.double(), score.double() + bias, rtol=4 * 2.0**-24, atol=0)
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

@@ -53,7 +53,8 @@ struct T5Bucketing {
 };
 
 // One function per relative position r for every head: T5 gathers weight[bucket(r), h], ALiBi
-// computes slopes[h] * r (in the math type: float32 for half types, one rounding on store).
+// computes slopes[h] * r (in float64, rounded once to the math type: float32 for float32 and half
+// types, which round once more on store, as BLOOM's and MPT's float32 bias cast to half does).
 enum class BiasKind : int { T5 = 0, Alibi = 1 };
 
 struct RelativeBiasProblem {
@@ -77,9 +78,11 @@ POSENC_HD void bias_column(const RelativeBiasProblem& p, int64_t r, T* dst, int6
     const T* w = static_cast<const T*>(p.weight) + p.t5.bucket(r) * p.weight_stride_b;
     for (int64_t h = 0; h < p.heads; ++h) dst[h * dst_stride_h] = w[h * p.weight_stride_h];
   } else {
+    // The product in float64, rounded once to the math type: exact for float32 slopes and |r| < 2^29.
+    // In float32, r itself would round past 2^24 and a float64 slope before the product.
     using M = math_t<T>;
-    const M distance = static_cast<M>(r);
-    for (int64_t h = 0; h < p.heads; ++h) dst[h * dst_stride_h] = from_math<T>(static_cast<M>(p.slopes[h]) * distance);
+    const double distance = static_cast<double>(r);
+    for (int64_t h = 0; h < p.heads; ++h) dst[h * dst_stride_h] = from_math<T>(static_cast<M>(p.slopes[h] * distance));
   }
 }
 

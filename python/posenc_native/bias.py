@@ -108,8 +108,10 @@ def alibi_slopes(num_heads: int, *, device: Optional[Union[torch.device, str]] =
 def alibi_bias(slopes: torch.Tensor, query_length: int, key_length: int, *, query_offset: Offset = 0,
                dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """ALiBi bias ``[1, heads, query_length, key_length]``:
-    ``bias[0, h, i, j] = slopes[h] * (j - (i + query_offset))`` (computed in float32 for float32 and
-    half outputs, in float64 for float64; one rounding).
+    ``bias[0, h, i, j] = slopes[h] * (j - (i + query_offset))``, the product formed in float64 and
+    rounded once to the output dtype (float32 and float64 outputs: correctly rounded for float32 slopes
+    and distances below 2^29; fp16/bf16: rounded to float32, then to the half type, as BLOOM's and
+    MPT's float32 bias cast to half).
 
     Masking is the attention's job: under a causal mask the result equals BLOOM's and MPT's biases
     up to a constant per query row, which softmax ignores.

@@ -46,10 +46,17 @@ def t5_score_mod(weight: torch.Tensor, query_length: int, key_length: int, *, bi
 
 
 def alibi_score_mod(slopes: torch.Tensor, *, query_offset: Offset = 0) -> ScoreMod:
-    """ALiBi as a score mod: ``score + slopes[h] * (kv_idx - (q_idx + query_offset))``."""
+    """ALiBi as a score mod: ``score + slopes[h] * (kv_idx - (q_idx + query_offset))``.
+
+    The offset's part, ``slopes[h] * -query_offset``, is formed once per head in float64 and added to
+    ``slopes[h] * (kv_idx - q_idx)``: flex_attention's indices are int32, where ``kv_idx - q_idx -
+    query_offset`` would wrap past 2^31 (and, converted to float32, round past 2^24). With an offset
+    the bias is within a few float32 ulp of :func:`posenc_native.alibi_bias`; without, it is equal.
+    """
     offset = _offset(query_offset)
+    start = (slopes.to(torch.float64) * -float(offset)).to(slopes.dtype)  # differentiable in slopes
 
     def score_mod(score, b, h, q_idx, kv_idx):
-        return score + slopes[h] * (kv_idx - q_idx - offset)
+        return score + (slopes[h] * (kv_idx - q_idx) + start[h])
 
     return score_mod

@@ -272,6 +272,23 @@ def test_phi3_longrope_short_long_switch(kind):
     assert torch.equal(_logits(model, ids), _logits(ref, ids))
 
 
+def test_longrope_switch_reads_int32_position_ids_near_their_limit():
+    """The short/long choice is made on the device from max(position_ids); int32 ids at 2^31 - 1 must
+    pick the long factors (max + 1 would wrap in int32)."""
+    model = hfi.patch(_model("phi3-longrope"))
+    try:
+        rotary = model.model.rotary_emb
+        x = torch.randn(1, 1, 64)
+        for ids, long_ in ((torch.tensor([[2**31 - 1]], dtype=torch.int32), True),
+                           (torch.tensor([[63]], dtype=torch.int32), False),
+                           (torch.tensor([[64]], dtype=torch.int32), True)):
+            handle, _ = rotary(x, ids)
+            want = rotary.rope.inv_freq(seq_len=65 if long_ else 64)
+            assert torch.equal(handle.inv_freq.cpu(), want), ids
+    finally:
+        hfi.unpatch(model)
+
+
 def test_training_gradients_match():
     model = _model("gpt_neox").train()
     ref = copy.deepcopy(model)

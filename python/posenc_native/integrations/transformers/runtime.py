@@ -148,7 +148,7 @@ class Regime:
             inv_freq = self.rope.inv_freq_on(device, self._update_dynamic(position_ids))
         else:  # one short/long choice for the whole batch, as transformers; chosen on the device (no sync)
             lo = self.original_max_position_embeddings
-            is_long = position_ids.max() + 1 > lo
+            is_long = position_ids.max() >= lo  # max + 1 > lo, without int32 positions wrapping at 2^31 - 1
             inv_freq = torch.where(is_long, self.rope.inv_freq_on(device, lo + 1), self.rope.inv_freq_on(device, lo))
         return RotaryPositions(position_ids, inv_freq, self.attention_factor, self.interleaved, self.routes)
 

@@ -9,9 +9,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import random
+import warnings
+from unittest import mock
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from posenc_native import cli
 from posenc_native.config import (
@@ -228,6 +233,64 @@ def test_parity_with_transformers(case_id, make, layer_type, seq_lens):
     from_dict = RopeConfig.from_hf(hf_cfg.to_dict(), layer_type=layer_type)
     assert torch.equal(from_dict.inv_freq(seq_lens[-1]), cfg.inv_freq(seq_lens[-1]))
     assert from_dict.attention_factor == cfg.attention_factor
+
+
+def _random_llama_rope(rng: random.Random):
+    """A LlamaConfig with random rope parameters of a random type, and the lengths to ask for."""
+    hd = rng.choice([16, 32, 64, 80, 96, 128, 256])
+    maxpos = rng.choice([2048, 8192, 32768, 131072])
+    orig = rng.choice([512, 1024, 2048])
+    rt = rng.choice(["linear", "dynamic", "yarn", "yarn", "longrope", "llama3", "proportional"])
+    p = {"rope_type": rt, "rope_theta": 10 ** rng.uniform(3, 7)}
+    if rng.random() < 0.4:
+        p["partial_rotary_factor"] = rng.choice([0.25, 0.5, 0.75, 1.0])
+    if rt in ("linear", "dynamic", "proportional"):
+        p["factor"] = rng.uniform(1.0, 32.0)
+    elif rt == "yarn":
+        p["factor"] = rng.choice([rng.uniform(1.0, 64.0), float(rng.randint(1, 64))])
+        optional = dict(original_max_position_embeddings=orig, beta_fast=rng.uniform(4, 64),
+                        beta_slow=rng.uniform(0.5, 3), mscale=rng.uniform(0.1, 2), mscale_all_dim=rng.uniform(0, 2),
+                        attention_factor=rng.uniform(0.5, 2), truncate=rng.random() < 0.5)
+        p.update({k: v for k, v in optional.items() if rng.random() < 0.4})
+    elif rt == "llama3":
+        lo = rng.uniform(0.5, 4)
+        p.update(factor=rng.uniform(1.0, 64.0), low_freq_factor=lo, high_freq_factor=lo * rng.uniform(1.01, 8),
+                 original_max_position_embeddings=orig)
+    elif rt == "longrope":
+        half = int(hd * p.get("partial_rotary_factor", 1.0)) // 2
+        p.update(short_factor=[rng.uniform(1, 3) for _ in range(half)],
+                 long_factor=[rng.uniform(1, 60) for _ in range(half)], original_max_position_embeddings=orig)
+        if rng.random() < 0.3:
+            p["factor"] = rng.uniform(1, 32)
+        if rng.random() < 0.2:
+            p["attention_factor"] = rng.uniform(0.5, 2)
+    lens = [None]
+    if rt in ("dynamic", "longrope"):
+        lens += [orig, orig + 1, maxpos, maxpos + 1, rng.randint(1, 4 * maxpos)]
+    return _llama(p, head_dim=hd, max_pos=maxpos, hidden=4 * hd), lens
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_random_configs_equal_transformers_formulas_in_float64(seed):
+    """Random rope parameters of every scaled type: our float64 frequencies equal transformers' own
+    formulas evaluated in float64 to 1e-12 (the fixed cases above hold 1e-6, the precision of
+    transformers' float32 evaluation). Its functions name their dtypes as torch.float / torch.float32;
+    bound to float64 for the call, they compute the same expressions in float64. LongRoPE's exponents
+    go through `.float()`, which stays float32, so it is held to 2e-6."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    hf_cfg, lens = _random_llama_rope(random.Random(seed))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = RopeConfig.from_hf(hf_cfg)
+    rope_type = hf_cfg.rope_parameters["rope_type"]
+    for seq_len in lens:
+        with mock.patch.object(torch, "float32", torch.float64), mock.patch.object(torch, "float", torch.float64):
+            theirs, their_af = ROPE_INIT_FUNCTIONS[rope_type](hf_cfg, None, seq_len=seq_len)
+        tol = 2e-6 if rope_type == "longrope" else 1e-12
+        assert _rel_err(cfg.inv_freq(seq_len=seq_len), theirs) <= tol, (hf_cfg.rope_parameters, seq_len)
+        assert math.isclose(cfg.attention_factor, float(their_af), rel_tol=1e-12), (hf_cfg.rope_parameters, seq_len)
 
 
 def test_parity_config_objects_details():

@@ -90,6 +90,20 @@ def _config(kind: str):
                                   first_k_dense_replace=1, n_group=1, topk_group=1, rope_interleave=True,
                                   rope_parameters=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64,
                                                        rope_theta=10000.0, mscale=1.0, mscale_all_dim=1.0))
+    # the complex-table form: the rotary module returns one freqs_cis, the attention multiplies
+    # view_as_complex pairs by it (interleaved pairs; Llama 4 in [B,S,H,D], DeepSeek V2 in [B,H,S,D])
+    if kind == "llama4":  # llama3 scaling; every 4th layer without rope (NoPE), L2 qk-norm after rope
+        return c.Llama4TextConfig(**dict(_COMMON, num_hidden_layers=4), intermediate_size_mlp=128, num_key_value_heads=2,
+                                  head_dim=16, num_local_experts=2, rope_parameters=dict(
+                                      rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                      original_max_position_embeddings=64, rope_theta=500000.0))
+    if kind == "deepseek_v2":  # MLA's rope slice; YaRN whose mscale pair gives an attention factor != 1
+        return c.DeepseekV2Config(**_COMMON, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=16,
+                                  qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_routed_experts=4,
+                                  num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1, n_group=1,
+                                  topk_group=1, rope_parameters=dict(
+                                      rope_type="yarn", factor=4.0, original_max_position_embeddings=64,
+                                      rope_theta=10000.0, mscale=1.0, mscale_all_dim=0.5))
     raise AssertionError(kind)
 
 
@@ -156,6 +170,8 @@ CASES = [
     ("cohere", "sdpa", 12, (17,)),
     ("glm", "eager", 12, (17,)),
     ("deepseek_v3", "eager", 12, (90,)),  # YaRN past original_max_position_embeddings
+    ("llama4", "eager", 12, (100,)),  # complex table, llama3 past original_max_position_embeddings
+    ("deepseek_v2", "eager", 12, (90,)),  # complex table, YaRN past original_max_position_embeddings
 ]
 
 
@@ -390,6 +406,29 @@ def test_rotary_positions_cos_sin_matches_transformers():
     cos, sin = model.model.rotary_emb(x, pos)[0].cos_sin()
     hfi.unpatch(model)
     assert torch.allclose(cos, cos_ref, atol=1e-5) and torch.allclose(sin, sin_ref, atol=1e-5)
+
+
+def test_complex_table_handle_stands_in_for_freqs_cis():
+    """Llama 4's rotary module returns one complex table, on which its attention calls .to(device): the
+    patched module returns one handle, whose .to keeps it (same device) or moves positions and
+    frequencies, and whose cos/sin are the table's real and imaginary parts."""
+    model = _model("llama4")
+    pos = torch.randint(0, 200, (2, 9), generator=torch.Generator().manual_seed(3))
+    x = torch.zeros(2, 9, 64)
+    want = model.model.rotary_emb(x, pos)
+    assert want.is_complex()
+    hfi.patch(model)
+    h = model.model.rotary_emb(x, pos)
+    assert isinstance(h, hfi.RotaryPositions)
+    assert h.to(torch.device("cpu")) is h and h.to("cpu") is h and h.to() is h
+    moved = h.to("meta")
+    assert moved.positions.is_meta and moved.inv_freq.is_meta and moved.routes is h.routes
+    cos, sin = h.cos_sin()
+    half = want.shape[-1]
+    c, s = (cos[..., 0::2], sin[..., 0::2]) if h.interleaved else (cos[..., :half], sin[..., :half])
+    assert torch.allclose(c, want.real, atol=1e-5) and torch.allclose(s, want.imag, atol=1e-5)
+    hfi.unpatch(model)
+    assert torch.equal(model.model.rotary_emb(x, pos), want)
 
 
 def test_check_and_describe_change_nothing():

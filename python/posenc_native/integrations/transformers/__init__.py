@@ -6,8 +6,9 @@
     patch(model)          # same outputs, no cos/sin tensors, q and k rotated in one fused kernel
     unpatch(model)        # the model's own rotary path again, bit for bit
 
-Any family whose model-level ``*RotaryEmbedding`` computes ``(cos, sin)`` and whose attention calls
-an ``apply_rotary_pos_emb``-like function is reached generically; :mod:`.detect` proves equality
+Any family whose model-level ``*RotaryEmbedding`` computes ``(cos, sin)`` (or one complex
+``freqs_cis``: Llama 4, DeepSeek V2) and whose attention calls an ``apply_rotary_pos_emb``-like
+function (or ``apply_rotary_emb(xq, xk, freqs_cis)``) is reached generically; :mod:`.detect` proves equality
 before anything is swapped (frequencies and attention factor from :meth:`RopeConfig.from_hf`
 against the model's own module, then a probe of the rotation functions) and refuses with
 :class:`UnsupportedModelError` naming the reason otherwise. The few families that differ have one

@@ -1,8 +1,8 @@
 """Generic detection: which rotary modules of a loaded model can be swapped, and which rotation
 functions can be routed to the fused kernel, each with equality *proven* before anything changes.
 
-For every ``*RotaryEmbedding`` module (the model-level module that computes ``(cos, sin)`` once per
-forward) and every layer type it serves:
+For every ``*RotaryEmbedding`` module (the model-level module that computes ``(cos, sin)``, or one
+complex ``freqs_cis``, once per forward) and every layer type it serves:
 
 1. its forward must take ``(x, position_ids)`` or ``(x, position_ids, layer_type)``;
 2. :meth:`RopeConfig.from_hf` on the module's own config must give the frequencies and attention
@@ -56,6 +56,7 @@ class RotaryPlan:
     path: str
     module: nn.Module
     regimes: dict[Optional[str], Regime]
+    complex_table: bool = False  # it returns one complex freqs_cis, not (cos, sin)
 
 
 @dataclass
@@ -187,14 +188,16 @@ def _check_regime(cfg, hf_rotary: nn.Module, lt: Optional[str], rope: RopeConfig
 @torch.no_grad()
 def _multi_axis(hf_rotary: nn.Module, lt: Optional[str]) -> bool:
     """Whether the module folds a leading axis of position ids into one table (M-RoPE and kin): a
-    plain rotary module broadcasts ``[axes, B, S]`` to ``[axes, B, S, R]``."""
+    plain rotary module broadcasts ``[axes, B, S]`` to ``[axes, B, S, R]`` (its ``(cos, sin)``, or its
+    one complex table)."""
     probe = copy.deepcopy(hf_rotary)
     device = _attr(probe, lt, "inv_freq").device
     x = torch.zeros(2, 5, 8, device=device)
     for axes in (3, 2):
         pos = torch.arange(5, device=device).expand(axes, 2, 5)
         try:
-            cos, _ = probe(x, pos) if lt is None else probe(x, pos, lt)
+            out = probe(x, pos) if lt is None else probe(x, pos, lt)
+            cos = out if isinstance(out, torch.Tensor) else out[0]
         except Exception:  # noqa: BLE001 - not of that kind
             continue
         if isinstance(cos, torch.Tensor) and tuple(cos.shape[:-1]) == (2, 5):
@@ -252,6 +255,8 @@ def _kind(params: tuple[str, ...]) -> Optional[str]:
         return "qk"
     if len(params) >= 3 and params[1:3] == ("cos", "sin"):
         return "x"
+    if len(params) == 3 and "cis" in params[2]:  # (xq, xk, freqs_cis)
+        return "cis"
     return None
 
 
@@ -264,7 +269,9 @@ def _probe_one(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.M
     the rotated width (it is handed the rotary slice, as DeepSeek's MLA does) gets a pairing that
     refuses wider inputs at run time rather than rotate the wrong dims. With an axis layout (MRoPE)
     positions have one row per axis, each row different, and the kernel gets the module's own
-    frequencies laid out by ``rope.pair_axes``: a match proves the pair -> axis map."""
+    frequencies laid out by ``rope.pair_axes``: a match proves the pair -> axis map. A ``"cis"``
+    function takes the module's one complex table and no ``unsqueeze_dim``: the layout its broadcast
+    of the table fits is found here, and travels in the pairing."""
     probe = copy.deepcopy(hf_rotary)  # the module's dynamic state must not move
     device = _attr(probe, lt, "inv_freq").device
     g = torch.Generator().manual_seed(1234)
@@ -273,7 +280,14 @@ def _probe_one(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.M
     pos = torch.randint(0, 60, (*axes, batch, seq), generator=g).to(device)
     x = torch.zeros(batch, seq, 8, device=device)
     try:
-        cos, sin = probe(x, pos) if lt is None else probe(x, pos, lt)
+        tables = probe(x, pos) if lt is None else probe(x, pos, lt)
+        if kind == "cis":
+            if not (isinstance(tables, torch.Tensor) and tables.is_complex()):
+                return None
+            tables = (tables,)
+        else:
+            cos, sin = tables
+            tables = (cos, sin)
     except Exception:  # noqa: BLE001 - any failure means "not of the supported shape"
         return None
     inv_freq = _attr(probe, lt, "inv_freq").to(torch.float64)
@@ -283,22 +297,23 @@ def _probe_one(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.M
             return None
         inv_freq = axis_inv_freq(inv_freq, rope.pair_axes, rope.num_axes)
     af = float(_attr(probe, lt, "attention_scaling") or 1.0)
-    layouts = (1, 2) if "unsqueeze_dim" in params else (1,)
+    # every layout the call may pick by unsqueeze_dim must match; a "cis" function has one, found below
+    layouts = ("bhsd", "bshd") if "unsqueeze_dim" in params else ("bhsd",)
 
-    def matches(pairing: Pairing, head_dim: int) -> bool:
+    def matches(pairing: Pairing, head_dim: int, layouts: tuple[str, ...] = layouts) -> bool:
         q0 = torch.randn(batch, 3, seq, head_dim, generator=g).to(device)
         k0 = torch.randn(batch, 2, seq, head_dim, generator=g).to(device)
-        for ud in layouts:
-            q, k = (q0, k0) if ud == 1 else (q0.transpose(1, 2).contiguous(), k0.transpose(1, 2).contiguous())
-            kw = {"unsqueeze_dim": ud} if ud != 1 else {}
+        for layout in layouts:
+            q, k = (q0, k0) if layout == "bhsd" else (q0.transpose(1, 2).contiguous(), k0.transpose(1, 2).contiguous())
+            kw = {"unsqueeze_dim": 2} if layout == "bshd" and kind != "cis" else {}
             try:
-                theirs = fn(q, k, cos, sin, **kw) if kind == "qk" else (fn(q, cos, sin, **kw), fn(k, cos, sin, **kw))
+                theirs = fn(q, k, *tables, **kw) if kind in ("qk", "cis") else (fn(q, *tables, **kw),
+                                                                               fn(k, *tables, **kw))
             except Exception:  # noqa: BLE001
                 return False
             if not (isinstance(theirs, tuple) and len(theirs) == 2):
                 return False
-            ours = torch.ops.posenc.rope(q, k, pos, None, inv_freq, af, pairing.interleaved,
-                                         "bhsd" if ud == 1 else "bshd", 0, False)
+            ours = torch.ops.posenc.rope(q, k, pos, None, inv_freq, af, pairing.interleaved, layout, 0, False)
             if pairing.deinterleave:
                 ours = tuple(_deinterleave(t, rotary_dim) for t in ours)
             for a, b in zip(ours, theirs):
@@ -308,9 +323,13 @@ def _probe_one(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.M
         return True
 
     for pairing in PAIRINGS:
-        if matches(pairing, rotary_dim):
-            return pairing if matches(pairing, rotary_dim + 8) else dataclasses.replace(
-                pairing, name=pairing.name + ", rotated slice only", rotary_only=True)
+        for fixed in (("bshd", "bhsd") if kind == "cis" else (None,)):
+            where = layouts if fixed is None else (fixed,)
+            if matches(pairing, rotary_dim, where):
+                if fixed is not None:
+                    pairing = dataclasses.replace(pairing, name=f"{pairing.name}, complex table, {fixed}", layout=fixed)
+                return pairing if matches(pairing, rotary_dim + 8, where) else dataclasses.replace(
+                    pairing, name=pairing.name + ", rotated slice only", rotary_only=True)
     return None
 
 
@@ -365,7 +384,7 @@ def plan(model: nn.Module, model_type: str, check: bool) -> Plan:
         if kind is None:
             raise UnsupportedModelError(
                 f"{_ERR}: model type {model_type!r}: {short}, called by an attention with position_embeddings, "
-                f"takes ({', '.join(params)}), not (q, k, cos, sin, ...) or (x, cos, sin, ...)")
+                f"takes ({', '.join(params)}), not (q, k, cos, sin, ...), (x, cos, sin, ...) or (xq, xk, freqs_cis)")
         specs[(mod, name)] = RotationSpec(kind, params)
         for path, hf_rotary, regimes in candidates:
             for lt, regime in regimes.items():
@@ -392,7 +411,9 @@ def plan(model: nn.Module, model_type: str, check: bool) -> Plan:
             continue
         for lt, regime in regimes.items():
             regime.routes.update({key: p[(path, lt)] for key, p in proven.items() if (path, lt) in p})
-        result.rotaries.append(RotaryPlan(path, hf_rotary, regimes))
+        # a module proven with a (xq, xk, freqs_cis) function returned a complex table to it
+        complex_table = any(specs[key].kind == "cis" for key, p in proven.items() if any(pp == path for pp, _ in p))
+        result.rotaries.append(RotaryPlan(path, hf_rotary, regimes, complex_table))
     for key, p in proven.items():
         if any(path in swapped for path, _ in p):
             result.rotations[key] = specs[key]

@@ -10,6 +10,10 @@ families *within* that path is data, listed here once:
   (2i, 2i+1)); interleaved with the result laid out ``[evens | odds]`` (DeepSeek V3's MLA
   ``apply_rotary_pos_emb_interleave``, on the partial ``qk_rope_head_dim`` slice). The probe tries
   them in this order; partial rotary needs no entry (dims past ``rotary_dim`` pass through).
+- The table's form: ``(cos, sin)`` (most), or one complex ``freqs_cis`` that the attention multiplies
+  into ``view_as_complex`` pairs (Llama 4, DeepSeek V2: interleaved pairs, its layout fixed by how
+  the function broadcasts the table). The probe tells them apart by what the rotary module returns
+  and the rotation function takes (:class:`.rotations.RotationSpec`).
 - Per-layer-type rotary (Gemma 2/3, Cohere 2, ...: local and global layers with their own base):
   one regime per layer type, read with ``RopeConfig.from_hf(config, layer_type=...)``.
 
@@ -21,7 +25,7 @@ integration module handles it (:data:`DELEGATES`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 from torch import nn
@@ -37,12 +41,15 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Pairing:
     """How a rotation function pairs dims, as proven by the probe. ``rotary_only``: it was proven only
-    on inputs exactly as wide as the rotated part (the wrapper refuses wider ones)."""
+    on inputs exactly as wide as the rotated part (the wrapper refuses wider ones). ``layout``: the
+    one layout a function without ``unsqueeze_dim`` was proven in (the complex-table form, whose
+    broadcast of the table fixes it); None when the call's ``unsqueeze_dim`` says."""
 
     name: str
     interleaved: bool
     deinterleave: bool = False
     rotary_only: bool = False
+    layout: Optional[str] = None
 
 
 PAIRINGS = (
@@ -68,7 +75,7 @@ def generic(model: nn.Module, record: "PatchRecord", check: bool, path: str = ""
     for (module_name, name), spec in p.rotations.items():
         record.route(module_name, name, spec)
     for r in p.rotaries:
-        record.swap_module(model, r.path, PosencRotaryEmbedding(r.module, r.regimes))
+        record.swap_module(model, r.path, PosencRotaryEmbedding(r.module, r.regimes, r.complex_table))
 
 
 # --------------------------------------------------------------------------------------------

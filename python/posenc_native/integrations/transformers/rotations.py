@@ -31,8 +31,10 @@ class RotationSpec:
     """How a rotation function is called and what it returns, as established by the probe.
 
     kind: ``"qk"`` (``f(q, k, cos, sin, ...) -> (q, k)``), ``"x"`` (``f(x, cos, sin, ...) -> x``),
-    ``"gptj"`` (``f(tensor, sin, cos) -> tensor``, ``[B, S, H, R]``). The pairing is not here: it was
-    proven per (rotary module, function) and travels in the handle (``RotaryPositions.routes``).
+    ``"cis"`` (``f(xq, xk, freqs_cis) -> (xq, xk)``, one complex table: Llama 4, DeepSeek V2),
+    ``"gptj"`` (``f(tensor, sin, cos) -> tensor``, ``[B, S, H, R]``). The pairing (and for ``"cis"``
+    the layout) is not here: it was proven per (rotary module, function) and travels in the handle
+    (``RotaryPositions.routes``).
     """
 
     kind: str
@@ -40,7 +42,7 @@ class RotationSpec:
 
     @property
     def handle_index(self) -> int:
-        return {"qk": 2, "x": 1, "gptj": 1}[self.kind]
+        return {"qk": 2, "x": 1, "cis": 2, "gptj": 1}[self.kind]
 
 
 def _deinterleave(x: torch.Tensor, rotary_dim: int) -> torch.Tensor:
@@ -78,6 +80,8 @@ def make_wrapper(original: Callable, spec: RotationSpec, key: tuple[str, str]) -
                                         "rotated part; got a wider one; unpatch the model")
         if spec.kind == "gptj":
             return h.rotate(arg(args, kwargs, 0), None, "bshd", interleaved)[0]
+        if spec.kind == "cis":
+            return h.rotate(arg(args, kwargs, 0), arg(args, kwargs, 1), pairing.layout, interleaved)
         ud = arg(args, kwargs, ui, 1) if ui is not None else 1
         layout = _LAYOUTS.get(ud)
         if layout is None:

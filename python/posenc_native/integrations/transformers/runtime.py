@@ -3,12 +3,14 @@ that produces it.
 
 A patched model's rotary module returns a :class:`RotaryPositions` (positions + frequencies, no
 cos/sin tensors) twice, so attention forwards unpack it as ``cos, sin`` and hand it to their
-module's rotation function, which :mod:`.rotations` has wrapped to call the fused kernel.
+module's rotation function, which :mod:`.rotations` has wrapped to call the fused kernel. Where the
+model's module returned one complex table (``freqs_cis``: Llama 4, DeepSeek V2) it returns the
+handle once, and the attention's ``freqs_cis.to(device)`` is :meth:`RotaryPositions.to`.
 """
 from __future__ import annotations
 
 import threading
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch import nn
@@ -56,6 +58,15 @@ class RotaryPositions:
         return (ops._rope if ops._FAST is None else ops._FAST.rope)(
             False, q, k, pos, None, self.inv_freq, self.attention_factor,
             self.interleaved if interleaved is None else interleaved, layout, 0, None, None, None, False)
+
+    def to(self, device: Union[torch.device, str, None] = None) -> "RotaryPositions":
+        """This handle on ``device`` (itself when already there): what the complex-table attentions
+        call on it (``position_embeddings.to(query_states.device)``), as on their ``freqs_cis``."""
+        if device is None or (torch.device(device) == self.positions.device and
+                              torch.device(device) == self.inv_freq.device):
+            return self
+        return RotaryPositions(self.positions.to(device), self.inv_freq.to(device), self.attention_factor,
+                               self.interleaved, self.routes, self.pair_axes)
 
     def cos_sin(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """transformers-style ``(cos, sin)`` ``[B, S, rotary_dim]`` (for code that needs the tensors)."""
@@ -158,13 +169,15 @@ class PosencRotaryEmbedding(nn.Module):
 
     One :class:`Regime` per layer type (key ``None`` when the model has one rotary configuration).
     The replaced module is kept as the submodule ``original`` (so ``model.to(...)`` moves it and
-    :func:`unpatch` puts it back); its buffers are not used while patched.
+    :func:`unpatch` puts it back); its buffers are not used while patched. ``complex_table``: the
+    replaced module returned one complex ``freqs_cis``, so this one returns the handle once.
     """
 
-    def __init__(self, original: nn.Module, regimes: dict[Optional[str], Regime]):
+    def __init__(self, original: nn.Module, regimes: dict[Optional[str], Regime], complex_table: bool = False):
         super().__init__()
         self.original = original
         self.regimes = regimes
+        self.complex_table = complex_table
 
     def __getattr__(self, name: str):
         # model code that reads the rotary module's plain attributes (config, layer_types, rope_type, ...)
@@ -208,7 +221,7 @@ class PosencRotaryEmbedding(nn.Module):
             if position_ids.shape[0] == 1 and axes != 1:
                 position_ids = position_ids[0]  # transformers expands one row to every axis
         handle = regime.handle(position_ids, x.device)
-        return handle, handle  # unpacked by the attention forward as `cos, sin`
+        return handle if self.complex_table else (handle, handle)  # unpacked by the attention as `cos, sin`
 
     @torch.no_grad()
     def sync_original(self) -> None:

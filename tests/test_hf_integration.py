@@ -104,6 +104,8 @@ def _config(kind: str):
                                   topk_group=1, rope_parameters=dict(
                                       rope_type="yarn", factor=4.0, original_max_position_embeddings=64,
                                       rope_theta=10000.0, mscale=1.0, mscale_all_dim=0.5))
+    if kind == "nanochat":  # its rotate_half flips the signs: a rotation by minus the angle
+        return c.NanoChatConfig(**_COMMON, num_key_value_heads=2)
     raise AssertionError(kind)
 
 
@@ -172,6 +174,7 @@ CASES = [
     ("deepseek_v3", "eager", 12, (90,)),  # YaRN past original_max_position_embeddings
     ("llama4", "eager", 12, (100,)),  # complex table, llama3 past original_max_position_embeddings
     ("deepseek_v2", "eager", 12, (90,)),  # complex table, YaRN past original_max_position_embeddings
+    ("nanochat", "sdpa", 12, (40,)),  # rotation by -angle
 ]
 
 
@@ -447,14 +450,14 @@ def test_check_and_describe_change_nothing():
 
 
 def test_rotation_the_kernel_does_not_reproduce_is_refused(monkeypatch):
-    """A modeling module whose rotation differs from every pairing (here: the angle negated) is refused
-    at patch time with the reason, and nothing is swapped."""
+    """A modeling module whose rotation differs from every pairing (here: sin halved, no rotation at
+    all) is refused at patch time with the reason, and nothing is swapped."""
     from transformers.models.llama import modeling_llama as ml
 
     original = ml.apply_rotary_pos_emb
 
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-        return original(q, k, cos, -sin, unsqueeze_dim)
+        return original(q, k, cos, 0.5 * sin, unsqueeze_dim)
 
     monkeypatch.setattr(ml, "apply_rotary_pos_emb", apply_rotary_pos_emb)
     model = _model("llama")

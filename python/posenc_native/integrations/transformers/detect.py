@@ -313,7 +313,8 @@ def _probe_one(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.M
                 return False
             if not (isinstance(theirs, tuple) and len(theirs) == 2):
                 return False
-            ours = torch.ops.posenc.rope(q, k, pos, None, inv_freq, af, pairing.interleaved, layout, 0, False)
+            freq = -inv_freq if pairing.inverse else inv_freq  # as RotaryPositions.rotate turns it
+            ours = torch.ops.posenc.rope(q, k, pos, None, freq, af, pairing.interleaved, layout, 0, False)
             if pairing.deinterleave:
                 ours = tuple(_deinterleave(t, rotary_dim) for t in ours)
             for a, b in zip(ours, theirs):

@@ -8,7 +8,8 @@ families *within* that path is data, listed here once:
 - :data:`PAIRINGS`: the ways a rotation function can pair dims. Half-split (Llama and most);
   interleaved (Cohere, GLM, ERNIE 4.5, Helium: their cos/sin or their ``rotate_half`` pair
   (2i, 2i+1)); interleaved with the result laid out ``[evens | odds]`` (DeepSeek V3's MLA
-  ``apply_rotary_pos_emb_interleave``, on the partial ``qk_rope_head_dim`` slice). The probe tries
+  ``apply_rotary_pos_emb_interleave``, on the partial ``qk_rope_head_dim`` slice); half-split by
+  minus the angle (NanoChat's ``rotate_half`` returns ``[x2, -x1]``). The probe tries
   them in this order; partial rotary needs no entry (dims past ``rotary_dim`` pass through).
 - The table's form: ``(cos, sin)`` (most), or one complex ``freqs_cis`` that the attention multiplies
   into ``view_as_complex`` pairs (Llama 4, DeepSeek V2: interleaved pairs, its layout fixed by how
@@ -50,12 +51,14 @@ class Pairing:
     deinterleave: bool = False
     rotary_only: bool = False
     layout: Optional[str] = None
+    inverse: bool = False  # turns by -angle (a rotate_half with the signs flipped: NanoChat)
 
 
 PAIRINGS = (
     Pairing("half-split", False),
     Pairing("interleaved", True),
     Pairing("interleaved, de-interleaved output (DeepSeek MLA)", True, True),
+    Pairing("half-split, by -angle (NanoChat)", False, inverse=True),
 )
 
 

@@ -74,23 +74,23 @@ def make_wrapper(original: Callable, spec: RotationSpec, key: tuple[str, str]) -
         if pairing is None:
             raise UnsupportedModelError(f"{_ERR}: {key[0]}.{key[1]} received rotary positions from a module "
                                         "it was not proven to match at patch time; unpatch the model")
-        interleaved = pairing.interleaved
+        interleaved, inverse = pairing.interleaved, pairing.inverse
         if pairing.rotary_only and arg(args, kwargs, 0).shape[-1] != 2 * h.inv_freq.shape[-1]:
             raise UnsupportedModelError(f"{_ERR}: {key[0]}.{key[1]} was proven only on inputs as wide as the "
                                         "rotated part; got a wider one; unpatch the model")
         if spec.kind == "gptj":
-            return h.rotate(arg(args, kwargs, 0), None, "bshd", interleaved)[0]
+            return h.rotate(arg(args, kwargs, 0), None, "bshd", interleaved, inverse)[0]
         if spec.kind == "cis":
-            return h.rotate(arg(args, kwargs, 0), arg(args, kwargs, 1), pairing.layout, interleaved)
+            return h.rotate(arg(args, kwargs, 0), arg(args, kwargs, 1), pairing.layout, interleaved, inverse)
         ud = arg(args, kwargs, ui, 1) if ui is not None else 1
         layout = _LAYOUTS.get(ud)
         if layout is None:
             raise ValueError(f"{_ERR}: {original.__name__} with unsqueeze_dim={ud} is not supported")
         if spec.kind == "x":
-            out = h.rotate(arg(args, kwargs, 0), None, layout, interleaved)[0]
+            out = h.rotate(arg(args, kwargs, 0), None, layout, interleaved, inverse)[0]
             return _deinterleave(out, 2 * h.inv_freq.shape[-1]) if pairing.deinterleave else out
         q, k = arg(args, kwargs, 0), arg(args, kwargs, 1)
-        q_out, k_out = h.rotate(q, k, layout, interleaved)
+        q_out, k_out = h.rotate(q, k, layout, interleaved, inverse)
         if pairing.deinterleave:
             r = 2 * h.inv_freq.shape[-1]
             q_out = _deinterleave(q_out, r)

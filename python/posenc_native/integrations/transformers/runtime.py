@@ -31,7 +31,7 @@ class RotaryPositions:
     """Positions and frequencies of one forward pass: what a patched model passes where transformers
     passes ``(cos, sin)``. The rotation itself happens in :meth:`rotate` (one fused kernel)."""
 
-    __slots__ = ("positions", "inv_freq", "attention_factor", "interleaved", "routes", "pair_axes")
+    __slots__ = ("positions", "inv_freq", "attention_factor", "interleaved", "routes", "pair_axes", "_negated")
 
     def __init__(self, positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float, interleaved: bool,
                  routes: Optional[dict] = None, pair_axes: Optional[tuple[int, ...]] = None):
@@ -45,18 +45,25 @@ class RotaryPositions:
         # refuses the handle rather than guess
         self.routes = routes or {}
         self.pair_axes = pair_axes  # RopeConfig.pair_axes of an axis layout, for cos_sin
+        self._negated: Optional[torch.Tensor] = None  # -inv_freq, made once for rotations by -angle
 
     def rotate(self, q: torch.Tensor, k: Optional[torch.Tensor] = None, layout: str = "bhsd",
-               interleaved: Optional[bool] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+               interleaved: Optional[bool] = None, inverse: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Rotate q (and k) at these positions; ``bhsd`` is transformers' ``[B, H, S, D]``. Dims past
         ``2 * len(inv_freq)`` pass through (partial rotary). ``interleaved`` (the pairing of the
-        rotation function that receives this handle) defaults to the handle's own."""
+        rotation function that receives this handle) defaults to the handle's own; ``inverse`` turns
+        by minus the angle (the negated frequencies: the float64 angle negates exactly)."""
         pos = self.positions
         if pos.dim() == 2 and pos.shape[0] == 1 and q.shape[0] != 1:
             pos = pos[0]  # transformers' [1, S] shared by every sequence of the batch (metadata only, no sync)
+        inv_freq = self.inv_freq
+        if inverse:
+            if self._negated is None:  # once per forward pass, not per layer
+                self._negated = -inv_freq
+            inv_freq = self._negated
         # apply_rope's one call path: at decode it skips the dispatcher (ops._FAST.rope)
         return (ops._rope if ops._FAST is None else ops._FAST.rope)(
-            False, q, k, pos, None, self.inv_freq, self.attention_factor,
+            False, q, k, pos, None, inv_freq, self.attention_factor,
             self.interleaved if interleaved is None else interleaved, layout, 0, None, None, None, False)
 
     def to(self, device: Union[torch.device, str, None] = None) -> "RotaryPositions":

@@ -56,7 +56,7 @@ _SMALL = dict(
     first_k_dense_replace=1, n_group=1, topk_group=1, sliding_window=64, depth=1, embed_dim=32, hidden_dim=64,
     linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
     mamba_n_heads=4, mamba_d_head=16, mamba_d_state=16, ssm_state_size=16, mamba_d_conv=4, mamba_expand=1,
-    H_cycles=1, L_cycles=1,
+    H_cycles=1, L_cycles=1, hidden_size_per_layer_input=16,
     num_key_value_groups=None, tie_word_embeddings=False, use_cache=True,
 )
 _SUBCONFIGS = ("text_config", "decoder_config", "language_config", "llm_config", "thinker_config", "talker_config",
@@ -94,6 +94,8 @@ def _small_kwargs(cls, default) -> dict:
         ids = [v for k, v in default.to_dict().items() if k.endswith(("_token_id", "_token_index", "_id"))
                and isinstance(v, int) and not isinstance(v, bool)]
         kw["vocab_size"] = max([512] + [i + 1 for i in ids])
+        if "vocab_size_per_layer_input" in known:  # Gemma 3n/4's per-layer embeddings: as small
+            kw["vocab_size_per_layer_input"] = kw["vocab_size"]
     if "qk_rope_head_dim" in known and "head_dim" in kw:  # MLA: head_dim is the rotated part
         kw["head_dim"] = kw["qk_rope_head_dim"]
     if "kv_lora_rank" in known and "num_key_value_heads" in kw:  # MLA expands k/v to every head

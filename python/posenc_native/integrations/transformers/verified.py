@@ -34,6 +34,7 @@ MODEL_TYPES = (
     'gemma',
     'gemma2',
     'gemma3',
+    'gemma4',
     'gemma4_unified',
     'glm',
     'glm4',

@@ -423,7 +423,7 @@ def test_complex_table_handle_stands_in_for_freqs_cis():
     hfi.patch(model)
     h = model.model.rotary_emb(x, pos)
     assert isinstance(h, hfi.RotaryPositions)
-    assert h.to(torch.device("cpu")) is h and h.to("cpu") is h and h.to() is h
+    assert h.to(torch.device("cpu")) is h and h.to("cpu") is h and h.to() is h and h.to(torch.complex64) is h
     moved = h.to("meta")
     assert moved.positions.is_meta and moved.inv_freq.is_meta and moved.routes is h.routes
     cos, sin = h.cos_sin()

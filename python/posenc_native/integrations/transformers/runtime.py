@@ -66,11 +66,12 @@ class RotaryPositions:
             False, q, k, pos, None, inv_freq, self.attention_factor,
             self.interleaved if interleaved is None else interleaved, layout, 0, None, None, None, False)
 
-    def to(self, device: Union[torch.device, str, None] = None) -> "RotaryPositions":
+    def to(self, device: Union[torch.device, str, torch.dtype, None] = None) -> "RotaryPositions":
         """This handle on ``device`` (itself when already there): what the complex-table attentions
-        call on it (``position_embeddings.to(query_states.device)``), as on their ``freqs_cis``."""
-        if device is None or (torch.device(device) == self.positions.device and
-                              torch.device(device) == self.inv_freq.device):
+        call on it (``position_embeddings.to(query_states.device)``), as on their ``freqs_cis``. A
+        dtype changes nothing: the rotation computes in q's dtype from float64 angles."""
+        if device is None or isinstance(device, torch.dtype) or (
+                torch.device(device) == self.positions.device and torch.device(device) == self.inv_freq.device):
             return self
         return RotaryPositions(self.positions.to(device), self.inv_freq.to(device), self.attention_factor,
                                self.interleaved, self.routes, self.pair_axes)

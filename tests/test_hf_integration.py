@@ -237,6 +237,34 @@ def test_decode_step_rotates_without_the_dispatcher(monkeypatch):
     hfi.unpatch(model)
 
 
+def test_neomme_two_axis_positions():
+    """NeoMME's rotary module alternates two position axes (row, column) over its pairs, per layer type;
+    RopeConfig.from_hf reads that layout from the model type. With different ids on the two axes the
+    patched model gives the unpatched outputs (its zero-initialised output projections drawn at random
+    first, so that attention reaches the outputs, which the positions are checked to move)."""
+    cfg = transformers.NeoMMEConfig(vocab_size=VOCAB, embedding_rank=16, hidden_size=64, intermediate_size=128,
+                                    head_dim=16, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2,
+                                    max_position_embeddings=256, sliding_window=64, embedding_dim=16,
+                                    layer_types=["sliding_attention", "full_attention"])
+    torch.manual_seed(0)
+    model = transformers.AutoModel.from_config(cfg, attn_implementation="eager", dtype=torch.float32).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2 and not p.any():
+                p.normal_(0.0, 0.2)
+    g = torch.Generator().manual_seed(5)
+    ids = _ids(2, 20)
+    pos = torch.stack([torch.arange(20), torch.randint(0, 30, (20,), generator=g)])[:, None].expand(2, 2, 20)
+    with torch.no_grad():
+        want = model(input_ids=ids, position_ids=pos).last_hidden_state
+        moved = model(input_ids=ids, position_ids=pos.flip(0)).last_hidden_state
+        assert (want - moved).abs().max().item() > 1e-2  # the axes matter
+        hfi.patch(model)
+        assert "MRoPE sections [4, 4] (interleaved)" in hfi.describe(model)
+        got = model(input_ids=ids, position_ids=pos).last_hidden_state
+    _assert_close_logits(got, want)
+
+
 def test_left_padded_batch_generation():
     """Per-sequence position ids ([B, S], from the attention mask) in prefill and decode."""
     model = _model("llama", "sdpa")

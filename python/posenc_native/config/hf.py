@@ -6,7 +6,7 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 from .presets import PRESETS
 from .rope_config import RopeConfig
@@ -60,12 +60,15 @@ _PRF_DEFAULTS = {
 # section it uses when the config omits ``mrope_section`` and its pair layout: Qwen2-VL and Qwen2.5-VL
 # split the pairs into contiguous T | H | W sections (modeling_qwen2_vl.Qwen2VLRotaryEmbedding);
 # Qwen3-VL (and its MoE) and Qwen3.5 assign them round-robin T, H, W (Qwen3VLTextRotaryEmbedding),
-# whatever the config's ``mrope_interleaved`` says: their rotary modules do not read the flag. Other
-# model types: the layout the config states (``mrope_section``, ``mrope_interleaved``).
-_MROPE_DEFAULTS: dict[str, tuple[tuple[int, ...], bool]] = {
+# whatever the config's ``mrope_interleaved`` says: their rotary modules do not read the flag. NeoMME
+# alternates two axes (row, column) over all its pairs (NeoMMERotaryEmbedding), a section that follows
+# the pair count of each layer type. Other model types: the layout the config states
+# (``mrope_section``, ``mrope_interleaved``).
+_MROPE_DEFAULTS: dict[str, tuple[Union[tuple[int, ...], Callable[[int], tuple[int, ...]]], bool]] = {
     **dict.fromkeys(("qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text"), ((16, 24, 24), False)),
     **dict.fromkeys(("qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text"), ((24, 20, 20), True)),
     **dict.fromkeys(("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"), ((11, 11, 10), True)),
+    "neomme": (lambda pairs: (pairs - pairs // 2, pairs // 2), True),
 }
 
 
@@ -246,7 +249,10 @@ class _HFSource:
                 raise ValueError("rope_type 'mrope' needs 'mrope_section' (pairs per T/H/W axis) in "
                                  "rope_parameters / rope_scaling")
             return None, False
-        section = known[0] if raw is None else _mrope_section(raw)
+        if raw is not None:
+            section = _mrope_section(raw)
+        else:
+            section = known[0](pairs) if callable(known[0]) else known[0]
         if known is not None:
             interleaved = known[1]
         else:

@@ -203,7 +203,7 @@ GENERIC = Family(generic)
 FAMILIES: dict[str, Family] = {
     "gptj": Family(gptj),
     **{t: Family(text_decoder) for t in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe",
-                                         "glm4v", "glm4v_moe", "glm_ocr")},
+                                         "glm4v", "glm4v_moe", "glm_ocr", "step3p7")},
 }
 
 # model_type -> module of another integration with patch(model, check=) / unpatch(model) of its own

@@ -14,6 +14,7 @@ MODEL_TYPES = (
     'cohere',
     'cohere2',
     'cohere2_moe',
+    'cosmos3_edge',
     'cwm',
     'deepseek_v2',
     'deepseek_v3',

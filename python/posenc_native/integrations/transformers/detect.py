@@ -297,15 +297,14 @@ def _probe_one(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.M
             return None
         inv_freq = axis_inv_freq(inv_freq, rope.pair_axes, rope.num_axes)
     af = float(_attr(probe, lt, "attention_scaling") or 1.0)
-    # every layout the call may pick by unsqueeze_dim must match; a "cis" function has one, found below
-    layouts = ("bhsd", "bshd") if "unsqueeze_dim" in params else ("bhsd",)
+    layouts = ("bhsd", "bshd") if "unsqueeze_dim" in params else ("bhsd",)  # what the call may pick
 
     def matches(pairing: Pairing, head_dim: int, layouts: tuple[str, ...] = layouts) -> bool:
         q0 = torch.randn(batch, 3, seq, head_dim, generator=g).to(device)
         k0 = torch.randn(batch, 2, seq, head_dim, generator=g).to(device)
         for layout in layouts:
             q, k = (q0, k0) if layout == "bhsd" else (q0.transpose(1, 2).contiguous(), k0.transpose(1, 2).contiguous())
-            kw = {"unsqueeze_dim": 2} if layout == "bshd" and kind != "cis" else {}
+            kw = {"unsqueeze_dim": 2} if layout == "bshd" and "unsqueeze_dim" in params else {}
             try:
                 theirs = fn(q, k, *tables, **kw) if kind in ("qk", "cis") else (fn(q, *tables, **kw),
                                                                                fn(k, *tables, **kw))
@@ -323,12 +322,14 @@ def _probe_one(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.M
                     return False
         return True
 
+    # a "cis" function must match in one layout, which it then keeps; the others in all of theirs
+    tries = (("bshd",), ("bhsd",)) if kind == "cis" else (layouts,)
     for pairing in PAIRINGS:
-        for fixed in (("bshd", "bhsd") if kind == "cis" else (None,)):
-            where = layouts if fixed is None else (fixed,)
+        for where in tries:
             if matches(pairing, rotary_dim, where):
-                if fixed is not None:
-                    pairing = dataclasses.replace(pairing, name=f"{pairing.name}, complex table, {fixed}", layout=fixed)
+                if kind == "cis":
+                    pairing = dataclasses.replace(pairing, name=f"{pairing.name}, complex table, {where[0]}",
+                                                  layout=where[0])
                 return pairing if matches(pairing, rotary_dim + 8, where) else dataclasses.replace(
                     pairing, name=pairing.name + ", rotated slice only", rotary_only=True)
     return None

@@ -219,9 +219,7 @@ Tensor add_sinusoidal_op(const AddSinusoidalArgs& a, const Backend& backend) {
   p.params = sinusoidal_params(op, dim, a.base, a.interleaved, a.freq_shift, a.angle_scale, a.cos_first);
   const Tensor positions = sinusoidal_positions(op, positions_in);
   check_sinusoidal_domain(op, positions, p.params, backend);
-  // x's layout when its last dim is contiguous (dense x keeps its strides), else row-major:
-  // the kernels write rows with a contiguous last dim. ops.py's fake kernel mirrors this rule.
-  Tensor out = x.stride(-1) == 1 ? new_empty_like(x) : empty(x.sizes(), dtype_of(x), x);
+  Tensor out = new_rows_like(x);
   if (out.numel() == 0) return out;
   p.batch = batch;
   p.seq = seq;
@@ -245,6 +243,19 @@ Tensor add_sinusoidal_op(const AddSinusoidalArgs& a, const Backend& backend) {
 // RoPE
 
 namespace {
+
+// The kernels read and write rows with a contiguous last dim. The out-of-place ops take q and k
+// with any strides (as transformers' own rotation does: ZAYA's q is a transposed conv output)
+// by rotating a row-major copy; the in-place ops refuse such a q or k (as_bshd names it).
+bool rows_contiguous(const Tensor& t) { return t.dim() == 0 || t.stride(-1) == 1; }
+
+template <typename Args>
+Args with_contiguous_rows(const Args& a) {
+  Args b = a;
+  if (!rows_contiguous(b.q)) b.q = torch::stable::contiguous(b.q);
+  if (!rows_contiguous(b.k)) b.k = torch::stable::contiguous(b.k);
+  return b;
+}
 
 struct BSHD {
   int64_t batch, seq, heads, head_dim;
@@ -557,6 +568,7 @@ void rope_frequency(const char* op, const RopeArgs& a, const Tensor* dst_q, cons
 }  // namespace
 
 std::tuple<Tensor, Tensor> rope_op(const RopeArgs& a, const Backend& backend) {
+  if (!rows_contiguous(a.q) || !rows_contiguous(a.k)) return rope_op(with_contiguous_rows(a), backend);
   Tensor q_out = new_empty_like(a.q), k_out = new_empty_like(a.k);
   rope_frequency("posenc.rope", a, &q_out, &k_out, backend);
   return {q_out, k_out};
@@ -641,6 +653,7 @@ void rope_table(const char* op, const RopeCosSinArgs& a, const Tensor* dst_q, co
 }  // namespace
 
 std::tuple<Tensor, Tensor> rope_cos_sin_op(const RopeCosSinArgs& a, const Backend& backend) {
+  if (!rows_contiguous(a.q) || !rows_contiguous(a.k)) return rope_cos_sin_op(with_contiguous_rows(a), backend);
   Tensor q_out = new_empty_like(a.q), k_out = new_empty_like(a.k);
   rope_table("posenc.rope_cos_sin", a, &q_out, &k_out, backend);
   return {q_out, k_out};

@@ -151,6 +151,12 @@ inline Tensor new_empty_like(const Tensor& t) {
   return Tensor(out);
 }
 
+// An output like t for kernels that write rows with a contiguous last dim: t's layout when its last
+// dim is contiguous (dense t keeps its strides), else row-major. ops.py's fake kernels mirror this.
+inline Tensor new_rows_like(const Tensor& t) {
+  return t.stride(-1) == 1 ? new_empty_like(t) : empty(t.sizes(), dtype_of(t), t);
+}
+
 // The dtype of element type T (float, double, c10::Half, c10::BFloat16).
 template <typename F>
 void dispatch_float_types(ScalarType t, const char* op, F&& f) {

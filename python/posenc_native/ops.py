@@ -196,7 +196,12 @@ def _add_sinusoidal_fake(*args):
     torch._check(x.dim() in (2, 3), lambda: f"posenc.add_sinusoidal: x must be 2-D or 3-D, got {x.dim()}-D")
     torch._check(a.positions.device == x.device, lambda: "posenc.add_sinusoidal: positions must be on the same "
                  f"device as x ({x.device}), got {a.positions.device}")
-    # Same layout rule as the C++ op: x's strides when its last dim is contiguous, else row-major.
+    return _rows_like(x)
+
+
+def _rows_like(x: torch.Tensor) -> torch.Tensor:
+    """An out-of-place op's output, as the C++ ops make it (``new_rows_like``): x's strides when its
+    last dim is contiguous, else row-major."""
     return torch.empty_like(x) if x.stride(-1) == 1 else x.new_empty(x.shape)
 
 
@@ -440,7 +445,7 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Opt
 
     Args:
         q, k: ``[B,S,H,D]`` (``bshd``), ``[B,H,S,D]`` (``bhsd``, transformers' layout) or ``[T,H,D]``
-            (``thd``, packed). Any strides with a contiguous last dim (views of a fused qkv work).
+            (``thd``, packed). Any strides (views of a fused qkv work; a strided last dim costs a copy).
             k may have another head count (GQA/MQA) or be None.
         positions: int32/int64 ``[S]``, ``[B,S]`` or ``[T]``; default ``arange(S) + offset`` (or the
             position within each packed sequence when ``cu_seqlens`` is given). With an axis layout
@@ -546,7 +551,7 @@ def _check_rope_fake(name: str, args: tuple):
 @torch.library.register_fake("posenc::rope")
 def _rope_fake(*args):
     a = _check_rope_fake("rope", args)
-    return torch.empty_like(a.q), torch.empty_like(a.k)
+    return _rows_like(a.q), _rows_like(a.k)
 
 
 @torch.library.register_fake("posenc::rope_")
@@ -557,7 +562,7 @@ def _rope_inplace_fake(*args):
 @torch.library.register_fake("posenc::rope_cos_sin")
 def _rope_cos_sin_fake(*args):
     a = _check_rope_fake("rope_cos_sin", args)
-    return torch.empty_like(a.q), torch.empty_like(a.k)
+    return _rows_like(a.q), _rows_like(a.k)
 
 
 @torch.library.register_fake("posenc::rope_cos_sin_")

@@ -59,16 +59,19 @@ _PRF_DEFAULTS = {
 # angle from one of them). Model types whose text rotary module is MRoPE in transformers, with the
 # section it uses when the config omits ``mrope_section`` and its pair layout: Qwen2-VL and Qwen2.5-VL
 # split the pairs into contiguous T | H | W sections (modeling_qwen2_vl.Qwen2VLRotaryEmbedding);
-# Qwen3-VL (and its MoE), Qwen3.5 and Cosmos 3 Edge assign them round-robin T, H, W (Qwen3VLTextRotaryEmbedding),
-# whatever the config's ``mrope_interleaved`` says: their rotary modules do not read the flag. NeoMME
-# alternates two axes (row, column) over all its pairs (NeoMMERotaryEmbedding), a section that follows
-# the pair count of each layer type. Other model types: the layout the config states
+# Qwen3-VL (and its MoE), Qwen3.5, Qwen3-Omni, Qwen4-exp and Cosmos 3 Edge assign them round-robin T, H, W
+# (Qwen3VLTextRotaryEmbedding), whatever the config's ``mrope_interleaved`` says: their rotary modules do
+# not read the flag. NeoMME alternates two axes (row, column) over all its pairs (NeoMMERotaryEmbedding),
+# a section that follows the pair count of each layer type. Other model types: the layout the config states
 # (``mrope_section``, ``mrope_interleaved``).
 _MROPE_DEFAULTS: dict[str, tuple[Union[tuple[int, ...], Callable[[int], tuple[int, ...]]], bool]] = {
     **dict.fromkeys(("qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text"), ((16, 24, 24), False)),
     **dict.fromkeys(("qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text"), ((24, 20, 20), True)),
     **dict.fromkeys(("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"), ((11, 11, 10), True)),
     **dict.fromkeys(("cosmos3_edge", "cosmos3_edge_text"), ((24, 20, 20), True)),
+    **dict.fromkeys(("qwen3_omni_moe", "qwen3_omni_moe_thinker", "qwen3_omni_moe_text", "qwen3_omni_moe_talker_text"),
+                    ((24, 20, 20), True)),
+    **dict.fromkeys(("qwen4_exp", "qwen4_exp_text"), ((11, 11, 10), True)),
     "neomme": (lambda pairs: (pairs - pairs // 2, pairs // 2), True),
 }
 

@@ -44,7 +44,9 @@ class Pairing:
     """How a rotation function pairs dims, as proven by the probe. ``rotary_only``: it was proven only
     on inputs exactly as wide as the rotated part (the wrapper refuses wider ones). ``layout``: the
     one layout a function without ``unsqueeze_dim`` was proven in (the complex-table form, whose
-    broadcast of the table fixes it); None when the call's ``unsqueeze_dim`` says."""
+    broadcast of the table fixes it); None when the call's ``unsqueeze_dim`` says. ``q_trailing``: given
+    a q shorter than k, it rotates q at k's last positions (a drafter's block after its context:
+    MuseGlimmer's ``cos[..., -q_len:, :]``)."""
 
     name: str
     interleaved: bool
@@ -52,6 +54,7 @@ class Pairing:
     rotary_only: bool = False
     layout: Optional[str] = None
     inverse: bool = False  # turns by -angle (a rotate_half with the signs flipped: NanoChat)
+    q_trailing: bool = False
 
 
 PAIRINGS = (
@@ -203,7 +206,8 @@ GENERIC = Family(generic)
 FAMILIES: dict[str, Family] = {
     "gptj": Family(gptj),
     **{t: Family(text_decoder) for t in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe",
-                                         "glm4v", "glm4v_moe", "glm_ocr", "step3p7")},
+                                         "glm4v", "glm4v_moe", "glm_ocr", "step3p7",
+                                         "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker", "paddleocr_vl")},
 }
 
 # model_type -> module of another integration with patch(model, check=) / unpatch(model) of its own

@@ -496,6 +496,95 @@ def test_rotation_the_kernel_does_not_reproduce_is_refused(monkeypatch):
     assert "reproduces no rotation function" in hfi.check(model)
 
 
+def _trailing_q_rotation(leading: bool = False):
+    """A rotation that takes a q shorter than k (a drafter's block after its context, as MuseGlimmer's):
+    q at k's last positions, or (``leading``) at its first ones, which no pairing reproduces."""
+    def rotate_half(x):
+        return torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)
+
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        n = q.shape[-2]
+        cut = slice(0, n) if leading else slice(-n, None)
+        q_embed = q * cos[..., cut, :] + rotate_half(q) * sin[..., cut, :]
+        return q_embed, k * cos + rotate_half(k) * sin
+    return apply_rotary_pos_emb
+
+
+def test_rotation_of_a_shorter_q_at_the_last_positions(monkeypatch):
+    """The probe also feeds a q shorter than k: a function that rotates it at k's last positions is
+    proven as such and routed so (the fused kernel at those positions); one that does anything else
+    with it is refused. Most functions refuse a shorter q (their tables broadcast over its length)."""
+    from transformers.models.llama import modeling_llama as ml
+
+    monkeypatch.setattr(ml, "apply_rotary_pos_emb", _trailing_q_rotation())
+    model = _model("llama")
+    ids = _ids(2, 12)
+    want = _logits(model, ids)
+    rotary = copy.deepcopy(model.model.rotary_emb)
+    hfi.patch(model)
+    assert "q at k's last positions" in hfi.describe(model)
+    assert (_logits(model, ids) - want).abs().max().item() <= LOGIT_ATOL
+    g = torch.Generator().manual_seed(5)
+    pos = torch.randint(0, 200, (2, 9), generator=g)
+    q, k = torch.randn(2, 4, 3, 16, generator=g), torch.randn(2, 2, 9, 16, generator=g)
+    handle = model.model.rotary_emb(q, pos)[0]
+    got = ml.apply_rotary_pos_emb(q, k, handle, handle)  # the wrapper, with the handle
+    cos, sin = rotary(q, pos)
+    theirs = _trailing_q_rotation()(q, k, cos, sin)
+    for a, b in zip(got, theirs):
+        assert a.shape == b.shape and (a - b).abs().max().item() <= 1e-5
+    hfi.unpatch(model)
+    monkeypatch.setattr(ml, "apply_rotary_pos_emb", _trailing_q_rotation(leading=True))
+    with pytest.raises(hfi.UnsupportedModelError, match="reproduces no rotation function"):
+        hfi.patch(model)
+
+
+def test_forwards_that_treat_the_handle_as_a_tensor_are_refused():
+    """What a forward does with ``cos``/``sin``, or with the names it unpacks ``position_embeddings``
+    into, is read from its bytecode: indexing, arithmetic (either side), negation or a method is refused
+    at patch time (a handle cannot stand in), passing them to the rotation is not."""
+    from posenc_native.integrations.transformers.detect import _handle_misuse
+
+    class Indexer(torch.nn.Module):  # Qwen4-exp's QSA indexer: slices the tables for its queries
+        def forward(self, hidden_states, position_embeddings):
+            full_cos, full_sin = position_embeddings
+            n = hidden_states.shape[1]
+            return full_cos[:, -n:, :], full_sin[:, -n:, :]
+
+    class Scales(torch.nn.Module):
+        def forward(self, q, position_embeddings):
+            cos, sin = position_embeddings
+            return cos * q, sin
+
+    class Passes(torch.nn.Module):
+        def forward(self, q, k, position_embeddings):
+            cos, sin = position_embeddings
+            return hfi_rotation(q, k, cos, sin, unsqueeze_dim=1)
+
+    assert _handle_misuse(Indexer) == "Indexer.forward applies binary_subscr to full_cos"
+    assert _handle_misuse(Scales) == "Scales.forward applies binary_op to cos"
+    assert _handle_misuse(Passes) is None
+
+
+def hfi_rotation(q, k, cos, sin, unsqueeze_dim=1):  # stands for a modeling module's apply_rotary_pos_emb
+    return q, k
+
+
+def test_dropout_on_the_handle_is_the_identity_where_it_is_one():
+    """LASR's encoder drops out cos/sin (``dropout_positions``, 0 by default): in eval mode or at p = 0
+    that is the identity and the handle passes through; dropping elements in training is no rotation
+    and is refused; any other torch function on a handle fails as before."""
+    handle = hfi.RotaryPositions(torch.arange(5)[None], torch.ones(8, dtype=torch.float64), 1.0, False)
+    F = torch.nn.functional
+    assert F.dropout(handle, p=0.1, training=False) is handle
+    assert F.dropout(handle, p=0.0, training=True) is handle
+    with pytest.raises(hfi.UnsupportedModelError, match="drops out elements of cos/sin"):
+        F.dropout(handle, p=0.1, training=True)
+    with pytest.raises(TypeError):
+        torch.cat([handle, handle])
+
+
 def test_handle_refused_by_a_function_it_was_not_proven_for():
     from transformers.models.llama import modeling_llama as ml
 

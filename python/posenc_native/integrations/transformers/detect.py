@@ -14,13 +14,16 @@ complex ``freqs_cis``, once per forward) and every layer type it serves:
    values (to 1e-4) under one of the pairings of :data:`.families.PAIRINGS`, in every layout the
    function accepts. That settles the signature, half-split vs interleaved, partial rotary and how
    cos/sin are formed, from what the code does rather than from its name. Heads are probed at the
-   rotated width and wider, so "rotates the first R dims" and "is handed the R-dim slice" differ.
+   rotated width and wider, so "rotates the first R dims" and "is handed the R-dim slice" differ;
+   and with a q shorter than k, which most functions refuse and a drafter's rotates at k's last
+   positions (proven so, or refused).
 
 Rotary modules that fold per-axis position ids ``[axes, B, S]`` into one table (MRoPE: Qwen2-VL,
 Qwen2.5-VL, Qwen3-VL) are swapped when :meth:`RopeConfig.from_hf` reads an MRoPE layout from their
 config: the probe then feeds rows that differ per axis, so the pair -> axis map is proven too. Refused:
-such modules without a layout from_hf reads, and forwards that do arithmetic on ``cos``/``sin``
-themselves (a handle cannot stand in there).
+such modules without a layout from_hf reads, and forwards that index, negate or do arithmetic on
+``cos``/``sin`` (or the names they unpack ``position_embeddings`` into) themselves: a handle cannot
+stand in there (read from their bytecode, :func:`_handle_misuse`).
 
 The pairing is proven per (rotary module, function) and travels with the handle, so a function
 only ever rotates with a pairing proven for the module that fed it (else it refuses, loudly). A
@@ -128,9 +131,19 @@ def _layer_types(hf_rotary: nn.Module) -> list[Optional[str]]:
     if "layer_type" not in params:
         return [None]
     rope_type = getattr(hf_rotary, "rope_type", None)
+    if _single_regime(hf_rotary):
+        return [None]
     if not isinstance(rope_type, dict) or not rope_type:
         raise UnsupportedModelError("it takes layer_type but has no rope_type per layer type")
     return sorted(rope_type)
+
+
+def _single_regime(hf_rotary: nn.Module) -> bool:
+    """A module that takes an optional ``layer_type`` but holds no layer types (ESM: ``rope_type = {}``,
+    its ``inv_freq`` from the default init): one regime, read as ``"default"``. Its frequencies are then
+    checked against :meth:`RopeConfig.from_hf` and its rotation probed like any other module's."""
+    default = inspect.signature(type(hf_rotary).forward).parameters.get("layer_type")
+    return getattr(hf_rotary, "rope_type", None) == {} and default is not None and default.default is None
 
 
 def _attr(hf_rotary: nn.Module, lt: Optional[str], name: str):
@@ -210,7 +223,8 @@ def _regimes(model: nn.Module, path: str, hf_rotary: nn.Module, check: bool) -> 
     regimes: dict[Optional[str], Regime] = {}
     for lt in _layer_types(hf_rotary):
         where = f"{path}{'' if lt is None else f' [{lt}]'}"
-        rope_type = hf_rotary.rope_type if lt is None else hf_rotary.rope_type[lt]
+        rope_type = "default" if _single_regime(hf_rotary) else (
+            hf_rotary.rope_type if lt is None else hf_rotary.rope_type[lt])
         if not isinstance(rope_type, str):
             raise UnsupportedModelError(f"its rope_type is {rope_type!r}")
         buf = _attr(hf_rotary, lt, "inv_freq")
@@ -299,8 +313,8 @@ def _probe_one(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.M
     af = float(_attr(probe, lt, "attention_scaling") or 1.0)
     layouts = ("bhsd", "bshd") if "unsqueeze_dim" in params else ("bhsd",)  # what the call may pick
 
-    def matches(pairing: Pairing, head_dim: int, layouts: tuple[str, ...] = layouts) -> bool:
-        q0 = torch.randn(batch, 3, seq, head_dim, generator=g).to(device)
+    def matches(pairing: Pairing, head_dim: int, layouts: tuple[str, ...] = layouts, q_seq: int = seq) -> bool:
+        q0 = torch.randn(batch, 3, q_seq, head_dim, generator=g).to(device)
         k0 = torch.randn(batch, 2, seq, head_dim, generator=g).to(device)
         for layout in layouts:
             q, k = (q0, k0) if layout == "bhsd" else (q0.transpose(1, 2).contiguous(), k0.transpose(1, 2).contiguous())
@@ -313,7 +327,12 @@ def _probe_one(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.M
             if not (isinstance(theirs, tuple) and len(theirs) == 2):
                 return False
             freq = -inv_freq if pairing.inverse else inv_freq  # as RotaryPositions.rotate turns it
-            ours = torch.ops.posenc.rope(q, k, pos, None, freq, af, pairing.interleaved, layout, 0, False)
+            if q_seq == seq:
+                ours = torch.ops.posenc.rope(q, k, pos, None, freq, af, pairing.interleaved, layout, 0, False)
+            else:  # q at k's last q_seq positions
+                heads = 1 if layout == "bhsd" else 2
+                ours = tuple(torch.ops.posenc.rope(t, t.narrow(heads, 0, 0), p, None, freq, af, pairing.interleaved,
+                                                   layout, 0, False)[0] for t, p in ((q, pos[..., seq - q_seq:]), (k, pos)))
             if pairing.deinterleave:
                 ours = tuple(_deinterleave(t, rotary_dim) for t in ours)
             for a, b in zip(ours, theirs):
@@ -330,14 +349,57 @@ def _probe_one(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.M
                 if kind == "cis":
                     pairing = dataclasses.replace(pairing, name=f"{pairing.name}, complex table, {where[0]}",
                                                   layout=where[0])
+                if kind == "qk" and _takes_shorter_q(fn, tables, batch, seq, rotary_dim, device):
+                    # it rotates a q shorter than k (most refuse: their tables broadcast over q's length);
+                    # proven only if at k's last positions, in transformers' [B, H, S, D], as the wrapper
+                    # then turns it (in another layout the kernel refuses unequal lengths)
+                    if not matches(pairing, rotary_dim, ("bhsd",), q_seq=seq - 3):
+                        return None
+                    pairing = dataclasses.replace(pairing, name=pairing.name + ", q at k's last positions",
+                                                  q_trailing=True)
                 return pairing if matches(pairing, rotary_dim + 8, where) else dataclasses.replace(
                     pairing, name=pairing.name + ", rotated slice only", rotary_only=True)
     return None
 
 
-# Bytecode that, right after loading `cos` or `sin`, does something a handle cannot stand in for
-# (negation, indexing, arithmetic, an attribute or method): such a forward is refused.
-_MISUSE = {"UNARY_NEGATIVE", "BINARY_SUBSCR", "BINARY_OP", "LOAD_ATTR", "LOAD_METHOD", "COMPARE_OP"}
+def _takes_shorter_q(fn: Callable, tables: tuple, batch: int, seq: int, head_dim: int, device: torch.device) -> bool:
+    """Whether ``fn(q, k, cos, sin)`` returns for a q shorter than k (with the probe's tables of ``seq``
+    positions)."""
+    q = torch.randn(batch, 3, seq - 3, head_dim, device=device)
+    k = torch.randn(batch, 2, seq, head_dim, device=device)
+    try:
+        fn(q, k, *tables)
+    except Exception:  # noqa: BLE001 - refuses it: the usual case
+        return False
+    return True
+
+
+# What a forward may not do to ``cos``/``sin`` (or to the names it unpacks ``position_embeddings`` into):
+# negation, indexing, arithmetic, comparison, an attribute or method. A handle cannot stand in there, so
+# such a forward is refused at patch time rather than fail at its first call.
+_MISUSE = {"UNARY_NEGATIVE", "BINARY_SUBSCR", "BINARY_SLICE", "BINARY_OP", "LOAD_ATTR", "LOAD_METHOD", "COMPARE_OP"}
+# (pops, pushes) of the instructions that build an index or an operand between loading a name and
+# using it (``full_cos[:, -seq_length:, :]``); the walk stops at any other instruction.
+_STACK = {"LOAD_FAST": (0, 1), "LOAD_CONST": (0, 1), "LOAD_DEREF": (0, 1), "LOAD_ATTR": (1, 1),
+          "UNARY_NEGATIVE": (1, 1), "BINARY_OP": (2, 1), "BINARY_SUBSCR": (2, 1), "BINARY_SLICE": (3, 1),
+          "COMPARE_OP": (2, 1)}
+
+
+def _consumer(ins: list, at: int) -> Optional[str]:
+    """The instruction that consumes the value ``ins[at]`` pushed, when it is one of :data:`_STACK`
+    (followed through the operands pushed above it); None when the walk reaches anything else."""
+    depth = 0  # of the value, from the top of the stack
+    for i in ins[at + 1:]:
+        effect = _STACK.get(i.opname)
+        if i.opname in ("BUILD_SLICE", "BUILD_TUPLE"):
+            effect = (i.arg, 1)
+        if effect is None:
+            return None
+        pops, pushes = effect
+        if pops > depth:
+            return i.opname
+        depth += pushes - pops
+    return None
 
 
 def _handle_misuse(cls: type) -> Optional[str]:
@@ -345,9 +407,15 @@ def _handle_misuse(cls: type) -> Optional[str]:
     if code is None:
         return None
     ins = list(dis.get_instructions(code))
-    for a, b in zip(ins, ins[1:]):
-        if a.opname.startswith("LOAD_FAST") and a.argval in ("cos", "sin") and b.opname in _MISUSE:
-            return f"{cls.__name__}.forward applies {b.opname.lower()} to {a.argval}"
+    names = {"cos", "sin"}
+    for at, (a, b) in enumerate(zip(ins, ins[1:])):  # `x, y = position_embeddings`: x and y hold the handle too
+        if a.opname.startswith("LOAD_FAST") and a.argval == "position_embeddings" and b.opname == "UNPACK_SEQUENCE":
+            names |= {i.argval for i in ins[at + 2: at + 2 + b.arg] if i.opname == "STORE_FAST"}
+    for at, a in enumerate(ins):
+        if a.opname.startswith("LOAD_FAST") and a.argval in names:
+            use = _consumer(ins, at)
+            if use in _MISUSE:
+                return f"{cls.__name__}.forward applies {use.lower()} to {a.argval}"
     return None
 
 

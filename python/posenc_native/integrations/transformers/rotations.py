@@ -90,7 +90,11 @@ def make_wrapper(original: Callable, spec: RotationSpec, key: tuple[str, str]) -
             out = h.rotate(arg(args, kwargs, 0), None, layout, interleaved, inverse)[0]
             return _deinterleave(out, 2 * h.inv_freq.shape[-1]) if pairing.deinterleave else out
         q, k = arg(args, kwargs, 0), arg(args, kwargs, 1)
-        q_out, k_out = h.rotate(q, k, layout, interleaved, inverse)
+        if pairing.q_trailing and layout == "bhsd" and k is not None and q.shape[2] < k.shape[2]:
+            q_out = h.trailing(q.shape[2]).rotate(q, None, layout, interleaved, inverse)[0]
+            k_out = h.rotate(k, None, layout, interleaved, inverse)[0]
+        else:
+            q_out, k_out = h.rotate(q, k, layout, interleaved, inverse)
         if pairing.deinterleave:
             r = 2 * h.inv_freq.shape[-1]
             q_out = _deinterleave(q_out, r)

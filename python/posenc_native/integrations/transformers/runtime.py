@@ -66,6 +66,11 @@ class RotaryPositions:
             False, q, k, pos, None, inv_freq, self.attention_factor,
             self.interleaved if interleaved is None else interleaved, layout, 0, None, None, None, False)
 
+    def trailing(self, n: int) -> "RotaryPositions":
+        """This handle at its last ``n`` positions (a q shorter than k, rotated at k's last positions)."""
+        return RotaryPositions(self.positions[..., self.positions.shape[-1] - n:], self.inv_freq, self.attention_factor,
+                               self.interleaved, self.routes, self.pair_axes)
+
     def to(self, device: Union[torch.device, str, torch.dtype, None] = None) -> "RotaryPositions":
         """This handle on ``device`` (itself when already there): what the complex-table attentions
         call on it (``position_embeddings.to(query_states.device)``), as on their ``freqs_cis``. A
@@ -75,6 +80,21 @@ class RotaryPositions:
             return self
         return RotaryPositions(self.positions.to(device), self.inv_freq.to(device), self.attention_factor,
                                self.interleaved, self.routes, self.pair_axes)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        """Dropout on cos/sin (LASR's encoder, ``dropout_positions``) is the identity in eval mode or at
+        p = 0, and stays so here; dropping single elements of cos/sin in training is no rotation, and
+        is refused. Every other torch function on a handle fails as it would have (no silent stand-in)."""
+        kwargs = kwargs or {}
+        if func in (torch.nn.functional.dropout, torch.dropout) and args and isinstance(args[0], cls):
+            p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
+            training = kwargs.get("training", kwargs.get("train", args[2] if len(args) > 2 else True))
+            if training and p > 0:
+                raise UnsupportedModelError(f"{_ERR}: the model drops out elements of cos/sin (p={p}) in training: "
+                                            "that is no rotation; unpatch the model to train it")
+            return args[0]
+        return NotImplemented
 
     def cos_sin(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """transformers-style ``(cos, sin)`` ``[B, S, rotary_dim]`` (for code that needs the tensors)."""

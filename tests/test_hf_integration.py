@@ -106,6 +106,10 @@ def _config(kind: str):
                                       rope_theta=10000.0, mscale=1.0, mscale_all_dim=0.5))
     if kind == "nanochat":  # its rotate_half flips the signs: a rotation by minus the angle
         return c.NanoChatConfig(**_COMMON, num_key_value_heads=2)
+    if kind == "recurrent_gemma":  # the attention calls its own rotary module (no position_embeddings); partial
+        cfg = {k: v for k, v in _COMMON.items() if k not in ("max_position_embeddings", "tie_word_embeddings")}
+        return c.RecurrentGemmaConfig(**dict(cfg, num_hidden_layers=3), num_key_value_heads=1, lru_width=64,
+                                      attention_window_size=64)
     raise AssertionError(kind)
 
 
@@ -175,6 +179,7 @@ CASES = [
     ("llama4", "eager", 12, (100,)),  # complex table, llama3 past original_max_position_embeddings
     ("deepseek_v2", "eager", 12, (90,)),  # complex table, YaRN past original_max_position_embeddings
     ("nanochat", "sdpa", 12, (40,)),  # rotation by -angle
+    ("recurrent_gemma", "eager", 12, (40,)),  # a rotary module per attention layer
 ]
 
 
@@ -197,6 +202,20 @@ def test_patched_matches_unpatched(kind, attn, prompt, lengths):
     for n in lengths:
         assert torch.equal(_logits(model, _ids(2, n, seed=n)), want[n])
     assert torch.equal(_generate(model, ids), want_gen)
+
+
+@pytest.mark.parametrize("kind", ["llama-yarn", "gptj", "llama4"])  # half-split, the GPT-J path, complex table
+def test_compiled_patched_model_matches_unpatched(kind):
+    """torch.compile of a patched model traces the handle and the wrapped rotation without a graph
+    break (fullgraph=True) and gives the unpatched model's logits."""
+    model = _model(kind)
+    ids = _ids(2, 40, seed=3)
+    want = _logits(model, ids)
+    hfi.patch(model)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(model, fullgraph=True)(input_ids=ids).logits
+    _assert_close_logits(got, want)
 
 
 def test_no_cos_sin_and_no_transformers_rotation():

@@ -98,7 +98,9 @@ def _is_hf(m: nn.Module) -> bool:
 
 def _rotation_functions(model: nn.Module) -> dict[tuple[str, str], Callable]:
     """Functions named like a rotation (``*rotary*``/``*rope*``) that a forward taking
-    ``position_embeddings`` calls, resolved in its module's globals (unwrapped if posenc wrapped them)."""
+    ``position_embeddings`` calls, or one that calls a rotary module of its own (Moshi, IDEFICS,
+    RecurrentGemma: ``cos, sin = self.rotary_emb(...)`` in the attention), resolved in its module's
+    globals (unwrapped if posenc wrapped them)."""
     found: dict[tuple[str, str], Callable] = {}
     seen: set[type] = set()
     for _, m in model.named_modules():
@@ -107,7 +109,8 @@ def _rotation_functions(model: nn.Module) -> dict[tuple[str, str], Callable]:
             continue
         seen.add(cls)
         code = _forward_code(cls)
-        if code is None or "position_embeddings" not in code.co_varnames:
+        own_rotary = {n for n, c in m.named_children() if type(c).__name__.endswith("RotaryEmbedding")}
+        if code is None or ("position_embeddings" not in code.co_varnames and not own_rotary & set(code.co_names)):
             continue
         misuse = _handle_misuse(cls)
         if misuse is not None:

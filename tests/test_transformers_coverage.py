@@ -3,15 +3,18 @@ defines a rotary-embedding class (run by `make coverage`; skipped in the ordinar
 
 For each family (a ``transformers/models/<family>`` folder whose modeling code defines a
 ``*RotaryEmbedding`` class) a tiny random model is built from its config class (causal LM when
-the family has one, else the base model), in float32 with eager attention. Then:
+the family has one, else the base model), in float32 with eager attention. ``_SMALL`` shrinks every
+config alike; ``_OVERRIDES`` adds what a family's config needs beyond that (sizes that must agree, a
+layer of each kind) and ``_INPUTS`` the forward inputs of models that take more than token ids
+(pixels, audio, decoder ids). Then:
 
 - patched: ``patch`` accepted it; fp32 logits (base models: last hidden state) within 1e-4 of the
   unpatched model, identical 10-token greedy generation (causal LMs), and after ``unpatch`` the
   outputs are bit-identical to the original's;
 - refused: ``patch`` raised ``UnsupportedModelError``/``ValueError`` (the reason is listed);
 - not built: no tiny model could be built or run from the config class (the error is listed), or its
-  outputs do not depend on the rotary path (weight matrices left at zero by the family's init are
-  drawn at random first, so that attention reaches the outputs);
+  outputs do not depend on the rotary path (parameters left at zero by the family's init are drawn
+  at random first, so that attention reaches the outputs);
 - WRONG: patched, but the outputs differ (always a failure).
 
 The table goes to docs/transformers_coverage.md. The test fails when a family the committed table
@@ -33,6 +36,7 @@ import time
 import traceback
 import warnings
 from pathlib import Path
+from typing import Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -61,6 +65,164 @@ _SMALL = dict(
     H_cycles=1, L_cycles=1, hidden_size_per_layer_input=16,
     num_key_value_groups=None, tie_word_embeddings=False, use_cache=True,
 )
+# Per config class (keyed by its model_type, sub-configs too; applied last, deep-copied): what the sizes
+# above miss or break. Each keeps a valid config of the family (sizes that agree, a layer of each kind
+# the model has); none turns the rotary path off.
+_T5GEMMA = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, sliding_window=64,
+                max_position_embeddings=256, initializer_range=0.2)
+_MIMI = dict(num_filters=8, upsample_groups=64, codebook_size=64, codebook_dim=64,
+             vector_quantization_hidden_dimension=64, num_quantizers=4)
+_SAM = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, global_attn_indexes=[1], output_channels=32,
+            downsample_channels=[32, 64])  # the last downsample is the 64-wide encoder's width
+_CODEC = dict(num_key_value_heads=4, encoder_hidden_size=4, quantization_dim=128,  # acoustic 64 + semantic 64
+              semantic_model_config=dict(model_type="wav2vec2-bert", hidden_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, intermediate_size=128, output_hidden_size=64))
+_FLOW_HEAD = dict(flow_head_config=dict(condition_dim=64, hidden_size=64, num_hidden_layers=2, frequency_embedding_size=32))
+_OVERRIDES: dict[str, dict] = {
+    # --- text decoders
+    "mimo_v2_flash": dict(head_dim=24),  # x its partial_rotary_factor 0.334 gives an even 8 (real checkpoints: 192 -> 64)
+    # KV sharing as the real model does it: the last 2 of 4 layers reuse earlier K/V (the default shares 15)
+    "gemma3n_text": dict(num_hidden_layers=4, num_kv_shared_layers=2, layer_types=["sliding_attention", "full_attention"] * 2),
+    # DBRX names its sizes n_layers/n_heads; attention needs clip_qkv (clamp(None, None) fails) and reads rope_theta
+    "dbrx": dict(n_layers=2, n_heads=4, max_seq_len=256, attn_config=dict(kv_n_heads=2, clip_qkv=8.0, rope_theta=500000.0),
+                 ffn_config=dict(ffn_hidden_size=128), rope_parameters=dict(rope_type="default", rope_theta=500000.0)),
+    "ernie4_5_moe": dict(moe_k=2),  # top-k within the 4 experts
+    "mistral4": dict(head_dim=16),  # qk_nope + qk_rope, so its partial factor 0.5 rotates exactly qk_rope_head_dim
+    "zaya": dict(num_experts_per_tok=1),  # ZAYA validates top-1
+    "longcat_flash": dict(ffn_hidden_size=128, expert_ffn_hidden_size=32, moe_topk=2, zero_expert_num=2),
+    "diffusion_gemma_text": dict(top_k_experts=2),
+    "esmc": dict(num_key_value_heads=4),  # no GQA in ESMC
+    # ESM-2's settings: rotary positions (the class default is absolute), its pad and mask ids
+    "esm": dict(position_embedding_type="rotary", pad_token_id=1, mask_token_id=32, token_dropout=True,
+                emb_layer_norm_before=False),
+    # hybrids: an attention layer among the recurrent ones (their defaults have none in 2 layers)
+    "bamba": dict(attn_layer_indices=[1]),
+    "granitemoehybrid": dict(layer_types=["linear_attention", "full_attention"], position_embedding_type="rope"),
+    "recurrent_gemma": dict(num_hidden_layers=3),  # the real (recurrent, recurrent, attention) block
+    "zamba2": dict(layers_block_type=["linear_attention", "hybrid"], use_mem_rope=True),
+    "falcon_h1": dict(mamba_d_ssm=64),  # mamba_n_heads x mamba_d_head
+    "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=1),
+    # sub-configs the generic rebuild does not reach (encoder/decoder, global/patcher transformers, VQ-VAE)
+    "t5gemma": dict(encoder=dict(_T5GEMMA), decoder=dict(_T5GEMMA)),
+    "t5gemma2": dict(vocab_size=512, image_token_index=510, decoder=dict(_T5GEMMA, layer_types=["sliding_attention", "full_attention"]),
+                     encoder=dict(text_config=dict(_T5GEMMA, model_type="t5gemma2_text", layer_types=["sliding_attention", "full_attention"]),
+                                  vision_config=dict(model_type="siglip_vision_model", hidden_size=64, intermediate_size=128,
+                                                     num_hidden_layers=1, num_attention_heads=4, image_size=32, patch_size=8),
+                                  mm_tokens_per_image=16, boi_token_index=508, eoi_token_index=509, image_token_index=510)),
+    "chameleon": dict(vocabulary_map={"<image>": 511}, vq_config=dict(
+        embed_dim=32, num_embeddings=64, latent_channels=32, base_channels=32, channel_multiplier=[1, 2], num_res_blocks=1,
+        resolution=32)),
+    # BLT: global hidden = local hidden x cross_attn_k, as blt-1b; no cache (DynamicCache(BltConfig) fails in transformers)
+    "blt": dict(encoder_hash_byte_group_vocab=512, use_cache=False,
+                global_config=dict(hidden_size=128, num_attention_heads=4, num_hidden_layers=2, intermediate_size=256,
+                                   max_position_embeddings=256, initializer_range=0.2),
+                patcher_config=dict(vocab_size=512, hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
+                                    intermediate_size=128, max_position_embeddings=256, sliding_window=64, initializer_range=0.2)),
+    "blt_local_encoder": dict(hidden_size_global=128),
+    "blt_local_decoder": dict(hidden_size_global=128),
+    # --- multimodal text decoders (MRoPE sections over the 8 pairs of the small head)
+    "qwen4_exp_text": dict(indexer_n_heads=4, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=8,
+                           indexer_compress_ratio=4),
+    "paddleocr_vl_text": dict(rope_parameters=dict(rope_type="default", rope_theta=500000.0, mrope_section=[4, 2, 2])),
+    "ernie4_5_vl_moe_text": dict(moe_intermediate_size=[32, 32], moe_k=2, moe_num_shared_experts=1,  # [text, vision] experts
+                                 rope_parameters=dict(rope_type="default", rope_theta=500000.0, mrope_section=[3, 3, 2])),
+    # per-layer-type rope (the class default {} fails): sliding layers interleaved MRoPE, full layers NoPE
+    "cohere_compass_text": dict(layer_types=["sliding_attention", "full_attention"], rope_parameters=dict(
+        sliding_attention=dict(rope_type="default", rope_theta=50000.0, mrope_section=[4, 2, 2], mrope_interleaved=True),
+        full_attention=None)),
+    "glm5_next_text": dict(qk_rope_head_dim=0),  # NoPE by its validator (the generic 8 fails it)
+    "glm5_next_vision": dict(out_hidden_size=64, projection_intermediate_size=128),
+    "deepseek_ocr2_text": dict(mlp_layer_types=["dense", "sparse"]),  # checkpoints list them; there is no default
+    "unlimited_ocr_text": dict(num_key_value_heads=4),  # MHA, as the checkpoint
+    "dots3_note_text": dict(index_n_heads=4, index_head_dim=16, per_layer_config={1: dict(  # the sliding layer's own MLA sizes
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16, head_dim=16, qk_nope_head_dim=8,
+        qk_rope_head_dim=8, v_head_dim=16)}),
+    "granite4_vision": dict(downsample_rate="1/2", deepstack_layer_map=[[-1, 0]], spatial_target_layers=[0, 0, 1, 1]),
+    # --- their vision / audio towers, sized to the 64-wide text model
+    "qwen2_5_omni_audio_encoder": dict(encoder_layers=1, encoder_attention_heads=4, encoder_ffn_dim=128, output_dim=64, num_mel_bins=16),
+    "qwen2_5_omni_vision_encoder": dict(num_heads=4, out_hidden_size=64, fullatt_block_indexes=[0]),
+    "qwen3_omni_moe_audio_encoder": dict(encoder_layers=1, encoder_attention_heads=4, encoder_ffn_dim=128, output_dim=64,
+                                         num_mel_bins=16, downsample_hidden_size=16),
+    "qwen3_omni_moe_vision_encoder": dict(num_heads=4, out_hidden_size=64, deepstack_visual_indexes=[0], num_position_embeddings=64),
+    "paddleocr_vl_vision": dict(num_attention_heads=4),
+    "ernie4_5_vl_moe_vision": dict(num_heads=4),
+    "deepseek_ocr2_vision": dict(sam_config=dict(_SAM)),
+    "unlimited_ocr_vision": dict(sam_config=dict(_SAM, mlp_dim=128)),
+    "dots3_note_vision_encoder": dict(pyramid_num_routed=[-1, 4], adapter_in_dim=64, adapter_out_dim=64, moe_intermediate_size=32),
+    "dots3_note_audio_encoder": dict(adapter_input_size=64, adapter_out_dim=64, downsample_hidden_size=16),
+    "idefics_vision": dict(image_size=56),  # 4x4 patches of 14
+    # --- speech and audio
+    # CSM: vocab_size is the codebooks' (2051), not above the text ids; a tiny Mimi codec
+    "csm": dict(vocab_size=2051, num_codebooks=4, codec_config=dict(
+        _MIMI, model_type="mimi", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, sliding_window=64)),
+    "csm_depth_decoder_model": dict(vocab_size=2051, num_codebooks=4, backbone_hidden_size=64),
+    "kyutai_speech_to_text": dict(vocab_size=4001, ffn_dim=256),  # the real text vocabulary (audio ids sit above it)
+    "dia_decoder": dict(cross_hidden_size=64, cross_num_attention_heads=4, cross_num_key_value_heads=4, cross_head_dim=16),
+    "mimi_encoder": _MIMI,
+    "mimi_decoder": _MIMI,
+    "pocket_tts_audio_tokenizer_encoder": dict(num_filters=8, upsample_groups=64),
+    "pocket_tts_audio_tokenizer_decoder": dict(num_filters=8, upsample_groups=64),
+    # Moonshine: MHA as the checkpoints (its cross-attention views q with the kv head count)
+    "moonshine": dict(encoder_num_hidden_layers=2, decoder_num_hidden_layers=2, encoder_num_attention_heads=4,
+                      decoder_num_attention_heads=4, encoder_num_key_value_heads=4, decoder_num_key_value_heads=4),
+    "moonshine_streaming": dict(num_key_value_heads=4),
+    # NeMo FastConformer encoders: MHA (their eager attention does not repeat kv heads)
+    "nemotron3_5_transcribe_asr_audio": dict(num_key_value_heads=4),
+    "nemotron3_diarization_audio": dict(num_key_value_heads=4),
+    "nemotron3_diarization": dict(head_config=dict(audio_hidden_size=64, hidden_size=32)),
+    "pocket_tts": _FLOW_HEAD,
+    "gradium_phonon_tts": _FLOW_HEAD,
+    "xcodec2": _CODEC,
+    "neucodec": _CODEC,
+    # the DAC codec front end is no sub-config the sizes above reach: hop length 8
+    "pe_audio_encoder": dict(dac_config=dict(encoder_hidden_size=8, downsampling_ratios=[2, 4], hidden_size=32, codebook_dim=16)),
+    # --- vision encoders
+    "pixtral": dict(image_size=64, patch_size=16),  # 4x4 patches
+    "mlcd_vision_model": dict(image_size=56, patch_size=14),  # 4x4 patches and a class token
+    # 4x4 patches; layer 0 attends in 2x2 windows, layer 1 globally; the position table is tiled from 2x2, as 336 -> 1008
+    "sam3_vit_model": dict(image_size=56, patch_size=14, pretrain_image_size=28, window_size=2, global_attn_indexes=[1]),
+}
+# Per model type: the forward's inputs where token ids alone do not run it (pixels, audio, decoder ids, ...).
+_INPUTS: dict[str, Callable[[torch.nn.Module, torch.Tensor], dict]] = {
+    # encoder-decoders (DiffusionGemma would otherwise draw a random canvas on every call)
+    "t5gemma": lambda m, ids: dict(input_ids=ids, decoder_input_ids=ids.flip(-1)),
+    "t5gemma2": lambda m, ids: dict(input_ids=ids, decoder_input_ids=ids.flip(-1)),
+    "diffusion_gemma": lambda m, ids: dict(input_ids=ids, decoder_input_ids=ids.flip(-1)),
+    "idefics": lambda m, ids: dict(input_ids=ids, pixel_values=_noise(ids.shape[0], 1, 3, 56, 56),
+                                   image_attention_mask=torch.ones(*ids.shape, 1, dtype=torch.long)),
+    # DFlash drafter: a block of noise embeddings against the target's hidden states (its layers concatenated)
+    "muse_glimmer_assistant": lambda m, ids: dict(
+        noise_embeds=_noise(ids.shape[0], m.config.block_size, m.config.hidden_size),
+        context_hidden_states=_noise(ids.shape[0], ids.shape[1], m.config.hidden_size * len(m.config.target_layer_ids), seed=2)),
+    # speech: raw 16 kHz audio (Moonshine downsamples x384; streaming reads 80-sample frames), 24 kHz Mimi-style
+    # codecs (1920 samples a frame), log-mel features, audio codes per codebook
+    "moonshine": lambda m, ids: dict(input_values=_noise(ids.shape[0], 384 * 16), decoder_input_ids=ids),
+    "moonshine_streaming": lambda m, ids: dict(input_values=_noise(ids.shape[0], 80 * 64), decoder_input_ids=ids),
+    "mimi_encoder": lambda m, ids: dict(input_values=_noise(ids.shape[0], 1, 1920 * 12)),
+    "pocket_tts_audio_tokenizer_encoder": lambda m, ids: dict(input_values=_noise(ids.shape[0], 1, 1920 * 12)),
+    "dia": lambda m, ids: dict(input_ids=ids, decoder_input_ids=_codes(1024, ids.shape[0], ids.shape[1], 9)),
+    "kyutai_speech_to_text": lambda m, ids: dict(
+        input_ids=torch.cat([ids[..., None], _codes(2048, *ids.shape, m.config.num_codebooks)], -1)),
+    "lasr_ctc": lambda m, ids: dict(input_features=_noise(ids.shape[0], 96, m.config.encoder_config.num_mel_bins)),
+    "lasr_encoder": lambda m, ids: dict(input_features=_noise(ids.shape[0], 96, m.config.num_mel_bins)),
+    "voxtral_realtime": lambda m, ids: dict(input_ids=ids, input_features=_noise(
+        ids.shape[0], m.config.audio_config.num_mel_bins, 8 * ids.shape[1])),
+    "nemotron3_5_transcribe_asr_audio": lambda m, ids: dict(input_features=_noise(ids.shape[0], 96, m.config.num_mel_bins)),
+    "nemotron3_diarization_audio": lambda m, ids: dict(input_features=_noise(ids.shape[0], 96, m.config.num_mel_bins)),
+    "nemotron3_diarization": lambda m, ids: dict(
+        input_features=_noise(ids.shape[0], 96, m.config.audio_config.num_mel_bins)),
+    # 50 Hz codecs: 320 samples and one w2v-BERT feature frame (160 stacked fbank) per latent frame
+    "xcodec2": lambda m, ids: dict(input_values=_noise(ids.shape[0], 1, 320 * 12), input_features=_noise(ids.shape[0], 12, 160)),
+    "neucodec": lambda m, ids: dict(input_values=_noise(ids.shape[0], 1, 320 * 12), input_features=_noise(ids.shape[0], 12, 160)),
+    "pe_audio_encoder": lambda m, ids: dict(input_values=_noise(ids.shape[0], 1, 8 * ids.shape[1])),  # 12 codec frames
+    # time series and images
+    "timesfm2_5": lambda m, ids: dict(past_values=_noise(ids.shape[0], 12 * m.config.patch_length)),  # 12 patches
+    "pixtral": lambda m, ids: dict(pixel_values=_pixels(m, ids)),
+    "mlcd_vision_model": lambda m, ids: dict(pixel_values=_pixels(m, ids)),
+    "sam3_vit_model": lambda m, ids: dict(pixel_values=_pixels(m, ids)),
+}
 _SUBCONFIGS = ("text_config", "decoder_config", "language_config", "llm_config", "thinker_config", "talker_config",
                "audio_config", "vision_config", "encoder_config", "depth_decoder_config", "backbone_config")
 
@@ -122,6 +284,7 @@ def _small_kwargs(cls, default) -> dict:
         if lt:  # keep both kinds of layers when the default mixes them
             kinds = list(dict.fromkeys(lt))
             kw["layer_types"] = (kinds * 2)[: _SMALL["num_hidden_layers"]] if len(kinds) > 1 else [lt[0]] * 2
+    kw.update(copy.deepcopy(_OVERRIDES.get(getattr(cls, "model_type", ""), {})))
     return kw
 
 
@@ -138,9 +301,9 @@ def _build(model_type: str, kind: str):
         raise ValueError(f"the smallest config tried still has {n / 1e6:.0f}M parameters")
     torch.manual_seed(0)
     model = auto.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
-    with torch.no_grad():  # zero-initialised projections (NeoMME's o_proj) would cut attention off the outputs
-        for p in model.parameters():
-            if p.dim() >= 2 and not p.any():
+    with torch.no_grad():  # zero-initialised projections (NeoMME's o_proj), scales (ZAYA's key temperature)
+        for p in model.parameters():  # would cut attention off the outputs
+            if p.is_floating_point() and not p.any():
                 p.normal_(0.0, 0.02)
     return model.eval()
 
@@ -150,9 +313,26 @@ def _inputs(seed: int = 1) -> torch.Tensor:
     return torch.randint(3, VOCAB, (2, 12), generator=g)  # below every family's vocabulary size
 
 
+def _noise(*shape: int, seed: int = 1) -> torch.Tensor:
+    """Seeded standard-normal inputs (pixels, waveforms, features): the same in every run."""
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _codes(high: int, *shape: int) -> torch.Tensor:
+    """Seeded integer codes in [0, high) (audio codebooks)."""
+    return torch.randint(0, high, shape, generator=torch.Generator().manual_seed(3))
+
+
+def _pixels(model, ids) -> torch.Tensor:
+    """One random image per batch row at the (vision) config's image size."""
+    cfg = getattr(model.config, "vision_config", model.config)
+    return _noise(ids.shape[0], cfg.num_channels, cfg.image_size, cfg.image_size)
+
+
 @torch.no_grad()
 def _out(model, kind: str, ids) -> torch.Tensor:
-    out = model(input_ids=ids)
+    make = _INPUTS.get(model.config.model_type)
+    out = model(**make(model, ids)) if make else model(input_ids=ids)
     t = out.logits if kind == "causal" else getattr(out, "last_hidden_state", None)
     if t is None:
         t = out[0]
@@ -254,8 +434,9 @@ def write_table(results: dict[str, tuple[str, str, str]], seconds: float, path: 
         "",
         f"Written by `make coverage` (tests/test_transformers_coverage.py) with transformers {transformers.__version__}: "
         "every model family whose modeling code defines a `*RotaryEmbedding` class, a tiny random model built "
-        "from its config class (causal LM where the family has one, else the base model), fp32, eager attention, "
-        "weight matrices its init leaves at zero drawn at random (else attention may not reach the outputs). "
+        "from its config class (causal LM where the family has one, else the base model; sizes and forward inputs "
+        "per family where the defaults do not build or run one: `_OVERRIDES`, `_INPUTS`), fp32, eager attention, "
+        "parameters its init leaves at zero drawn at random (else attention may not reach the outputs). "
         "**patched**: `patch()` accepted it, outputs within 1e-4 of the unpatched model, identical 10-token greedy "
         "generation (causal LMs), bit-identical outputs after `unpatch()`. **refused**: `patch()` raised "
         "`UnsupportedModelError` with the reason shown. **not built**: no tiny model could be built or run from "

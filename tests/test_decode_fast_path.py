@@ -530,22 +530,25 @@ def test_fast_path_reads_negative_views_as_their_values(monkeypatch):
 
 
 def test_fast_path_leaves_zero_tensors_to_the_dispatcher(monkeypatch):
-    """A ZeroTensor (torch._efficientzerotensor) has no data: the fast path declines it and both
-    paths raise the same error (it crashed the fast path once)."""
+    """A ZeroTensor (torch._efficientzerotensor) has no data: the fast path declines it (it crashed
+    the fast path once). In place both paths raise the same error; out of place torch's fallback
+    materializes it and both paths rotate it: q zero, k rotated as with a real q."""
     config = _config()
     _warm(config)
     q, k, pos = _decode_inputs()
     zero = torch._efficientzerotensor(q.shape)
-    for call in (lambda: pn.apply_rope(zero, k, pos, config=config),
-                 lambda: pn.apply_rope_(zero, k.clone(), pos, config=config)):
-        errors = []
-        for fast in (ops._FAST, None):
-            monkeypatch.setattr(ops, "_FAST", fast)
-            with pytest.raises(RuntimeError) as e:
-                call()
-            errors.append(str(e.value))
+    errors, outputs = [], []
+    for fast in (ops._FAST, None):
+        monkeypatch.setattr(ops, "_FAST", fast)
+        with pytest.raises(RuntimeError) as e:
+            pn.apply_rope_(zero, k.clone(), pos, config=config)
+        errors.append(str(e.value))
+        outputs.append(pn.apply_rope(zero, k, pos, config=config))
         monkeypatch.undo()
-        assert errors[0] == errors[1]
+    assert errors[0] == errors[1]
+    want_k = pn.apply_rope(q, k, pos, config=config)[1]
+    for got_q, got_k in outputs:
+        assert not got_q.any() and torch.equal(got_k, want_k)
     # zero frequencies are a valid input: no rotation at all, on the general path
     calls = _watch_fast_path()
     got_q, got_k = pn.apply_rope(q, k, pos, inv_freq=torch._efficientzerotensor((32,), dtype=torch.float64))

@@ -582,7 +582,13 @@ def test_forwards_that_treat_the_handle_as_a_tensor_are_refused():
             return hfi_rotation(q, k, cos, sin, unsqueeze_dim=1)
 
     assert _handle_misuse(Indexer) == "Indexer.forward applies binary_subscr to full_cos"
+    class Method(torch.nn.Module):
+        def forward(self, q, position_embeddings):
+            cos, sin = position_embeddings
+            return q, cos.float(), sin
+
     assert _handle_misuse(Scales) == "Scales.forward applies binary_op to cos"
+    assert _handle_misuse(Method) in ("Method.forward applies load_method to cos", "Method.forward applies load_attr to cos")
     assert _handle_misuse(Passes) is None
 
 

@@ -383,7 +383,7 @@ def _takes_shorter_q(fn: Callable, tables: tuple, batch: int, seq: int, head_dim
 _MISUSE = {"UNARY_NEGATIVE", "BINARY_SUBSCR", "BINARY_SLICE", "BINARY_OP", "LOAD_ATTR", "LOAD_METHOD", "COMPARE_OP"}
 # (pops, pushes) of the instructions that build an index or an operand between loading a name and
 # using it (``full_cos[:, -seq_length:, :]``); the walk stops at any other instruction.
-_STACK = {"LOAD_FAST": (0, 1), "LOAD_CONST": (0, 1), "LOAD_DEREF": (0, 1), "LOAD_ATTR": (1, 1),
+_STACK = {"LOAD_FAST": (0, 1), "LOAD_CONST": (0, 1), "LOAD_DEREF": (0, 1), "LOAD_ATTR": (1, 1), "LOAD_METHOD": (1, 2),
           "UNARY_NEGATIVE": (1, 1), "BINARY_OP": (2, 1), "BINARY_SUBSCR": (2, 1), "BINARY_SLICE": (3, 1),
           "COMPARE_OP": (2, 1)}
 

@@ -20,10 +20,13 @@ complex ``freqs_cis``, once per forward) and every layer type it serves:
 
 Rotary modules that fold per-axis position ids ``[axes, B, S]`` into one table (MRoPE: Qwen2-VL,
 Qwen2.5-VL, Qwen3-VL) are swapped when :meth:`RopeConfig.from_hf` reads an MRoPE layout from their
-config: the probe then feeds rows that differ per axis, so the pair -> axis map is proven too. Refused:
-such modules without a layout from_hf reads, and forwards that index, negate or do arithmetic on
-``cos``/``sin`` (or the names they unpack ``position_embeddings`` into) themselves: a handle cannot
-stand in there (read from their bytecode, :func:`_handle_misuse`).
+config: the probe then feeds rows that differ per axis, so the pair -> axis map is proven too. Vision
+towers' axial rotaries (``rope_type == "axial"``, ids ``[N, 2]``) have no config-readable layout: their
+table is read from the module itself (:func:`_axis_table`) and proven the same way (:func:`_probe_axial`).
+Refused: MRoPE modules without a layout from_hf reads, and forwards that index, negate or do arithmetic
+on ``cos``/``sin`` (or the names they unpack ``position_embeddings`` into, or its items), or iterate
+over ``position_embeddings``, themselves: a handle cannot stand in there (read from their bytecode,
+:func:`_handle_misuse`).
 
 The pairing is proven per (rotary module, function) and travels with the handle, so a function
 only ever rotates with a pairing proven for the module that fed it (else it refuses, loudly). A
@@ -48,7 +51,7 @@ from ..._rope_math import axis_inv_freq
 from ...config import RopeConfig
 from .families import PAIRINGS, Pairing
 from .rotations import RotationSpec, _deinterleave, original_of, signature_params
-from .runtime import _ERR, Regime, UnsupportedModelError
+from .runtime import _ERR, AxisTableRegime, Regime, UnsupportedModelError
 
 _PROBE_ATOL = 1e-4
 _ROTARY_FORWARDS = (("x", "position_ids"), ("x", "position_ids", "layer_type"))
@@ -75,12 +78,8 @@ class Plan:
         lines = [f"model type {self.model_type!r}:"]
         for r in self.rotaries:
             for lt, g in r.regimes.items():
-                mrope = g.rope.mrope_section
-                layout = "" if mrope is None else (f", MRoPE sections {list(mrope)} "
-                                                   f"({'interleaved' if g.rope.mrope_interleaved else 'contiguous'})")
                 lines.append(f"  swap {r.path} ({type(r.module).__name__}){'' if lt is None else f' [{lt}]'}: "
-                             f"{g.rope_type}, rotary_dim {g.rotary_dim}, attention_factor {g.attention_factor:g}"
-                             + layout)
+                             + g.summary())
                 for (mod, name), pairing in g.routes.items():
                     lines.append(f"    through {mod.rsplit('.', 1)[-1]}.{name}: {pairing.name}")
         lines += [f"  leave {s}" for s in self.skipped]
@@ -221,9 +220,82 @@ def _multi_axis(hf_rotary: nn.Module, lt: Optional[str]) -> bool:
     return False
 
 
+# A tag per band entry: (j + 1) * 2^-20 is exact in float32 and bfloat16 (j < 256), and so small that
+# float32 gives sin(t) == t and cos(t) == 1, so sin / cos of a unit position reads back the tag exactly.
+_TAG = 2.0 ** -20
+
+
+@torch.no_grad()
+def _axis_table(hf_rotary: nn.Module) -> tuple[torch.Tensor, bool]:
+    """The ops' axis form ``[A, R / 2]`` of an axial rotary module (a vision tower's: position ids
+    ``[N, A]``, one column per axis), and whether its pairs are interleaved, read from what the module
+    computes: a copy whose ``inv_freq`` holds tags is fed one unit position per axis, and each
+    output dim's tag names the (axis, band entry) that feeds it. That covers every layout transformers'
+    families recompose (height then width, width then height, alternating, Pixtral's even/odd split,
+    three axes) without a rule per family; the table then holds the module's own frequencies, and the
+    probe proves the rotation. Raises :class:`UnsupportedModelError` when the dims pair neither
+    half-split nor interleaved (Gemma 4's H-H-W-W rotates each half on its own)."""
+    probe = copy.deepcopy(hf_rotary)
+    buf = getattr(probe, "inv_freq", None)
+    if not isinstance(buf, torch.Tensor) or buf.dim() != 1 or buf.is_meta or not 0 < buf.numel() < 256:
+        raise UnsupportedModelError("its inv_freq is not a materialised 1-D band")
+    n, device = buf.numel(), buf.device
+    freqs = buf.to(torch.float64).cpu()
+    buf.copy_(torch.arange(1, n + 1, dtype=torch.float64, device=device) * _TAG)
+    # two axes (an image's height and width) unless the module cannot take them (a time axis too);
+    # a layout that takes any count (Kimi-K2.5's) reads as two, what its tower feeds it
+    for axes in (2, 3):
+        pos = torch.eye(axes + 1, axes, device=device)  # row a: 1 on axis a; the last row: the origin
+        try:
+            cos, sin = probe(torch.zeros(1, axes + 1, 8, device=device), pos)
+        except Exception:  # noqa: BLE001 - not this many axes
+            continue
+        if not (isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor) and cos.shape == sin.shape
+                and cos.shape[:-1].numel() == axes + 1):
+            continue
+        tags = (sin.reshape(axes + 1, -1).double() / cos.reshape(axes + 1, -1).double()) / _TAG
+        index = tags.round()
+        if (tags - index).abs().max() > 1e-3 or index[-1].any() or index.min() < 0 or index.max() > n:
+            continue  # not one band entry per dim, or an angle at the origin
+        index = index[:-1].long().cpu()  # [axes, R]: band entry + 1 feeding each dim from each axis, 0 for none
+        if not index.any(1).all():
+            continue  # an axis that moves nothing: more axes than the module reads
+        if ((index != 0).sum(0) > 1).any():
+            raise UnsupportedModelError("a dim of its cos/sin takes its angle from two position axes")
+        r = index.shape[1]
+        if r % 2 == 0 and torch.equal(index[:, : r // 2], index[:, r // 2:]):
+            pairs, interleaved = index[:, : r // 2], False
+        elif r % 2 == 0 and torch.equal(index[:, 0::2], index[:, 1::2]):
+            pairs, interleaved = index[:, 0::2], True
+        else:
+            raise UnsupportedModelError("its cos/sin pair the dims neither half-split nor interleaved (each axis "
+                                        "rotating its own part of the head, as Gemma 4's vision tower does)")
+        table = torch.zeros(pairs.shape, dtype=torch.float64)
+        hit = pairs != 0
+        table[hit] = freqs[pairs[hit] - 1]
+        return table, interleaved
+    raise UnsupportedModelError("it takes position ids [tokens, axes] but its cos/sin are no per-axis band "
+                                "(tried 2 and 3 axes)")
+
+
+def _axial_regime(hf_rotary: nn.Module) -> AxisTableRegime:
+    if "layer_type" in signature_params(type(hf_rotary).forward):
+        raise UnsupportedModelError("an axial rotary per layer type")
+    table, interleaved = _axis_table(hf_rotary)
+    return AxisTableRegime(table, interleaved, float(getattr(hf_rotary, "attention_scaling", 1.0) or 1.0))
+
+
 def _regimes(model: nn.Module, path: str, hf_rotary: nn.Module, check: bool) -> dict[Optional[str], Regime]:
     cfg = getattr(hf_rotary, "config", None) or model.config
     regimes: dict[Optional[str], Regime] = {}
+    if getattr(hf_rotary, "rope_type", None) == "axial":  # a vision tower's: its layout is read from the module
+        _layer_types(hf_rotary)
+        owner = model.get_submodule(path.rpartition(".")[0])
+        fed = getattr(owner, "position_ids", None)
+        if isinstance(fed, torch.Tensor) and fed.is_floating_point():  # SAM 3's rescaled grid coordinates
+            raise UnsupportedModelError("the module holding it feeds it floating-point position ids (position_ids, "
+                                        "fractional grid coordinates); the fused rotation takes integer positions")
+        return {None: _axial_regime(hf_rotary)}
     for lt in _layer_types(hf_rotary):
         where = f"{path}{'' if lt is None else f' [{lt}]'}"
         rope_type = "default" if _single_regime(hf_rotary) else (
@@ -365,6 +437,57 @@ def _probe_one(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.M
     return None
 
 
+@torch.no_grad()
+def _probe_axial(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.Module,
+                 regime: AxisTableRegime) -> Optional[Pairing]:
+    """The pairing under which the fused kernel, with ``regime``'s table, reproduces ``fn`` fed by an
+    axial ``hf_rotary`` at random ``[N, A]`` positions (each axis different), and the layouts it does so
+    in: per rank of q (packed ``[N, H, D]``: thd; ``[B, H, N, D]``; ``[B, N, H, D]``) and per
+    ``unsqueeze_dim`` the call may pass, since a vision function broadcasts its ``[N, R]`` table in its
+    own way. None when no layout matches."""
+    probe = copy.deepcopy(hf_rotary)
+    device = probe.inv_freq.device
+    g = torch.Generator().manual_seed(4321)
+    seq, axes, r = 7, regime.num_axes, regime.rotary_dim
+    pos = torch.randint(0, 40, (seq, axes), generator=g).to(device)
+    try:
+        tables = tuple(probe(torch.zeros(1, seq, 8, device=device), pos))
+    except Exception:  # noqa: BLE001
+        return None
+    handle = regime.handle(pos, device)
+    pairing = PAIRINGS[1] if regime.interleaved else PAIRINGS[0]
+    shapes = {"thd": lambda h, d: (seq, h, d), "bhsd": lambda h, d: (2, h, seq, d), "bshd": lambda h, d: (2, seq, h, d)}
+    uds = (None, 0, 1, 2, -2) if "unsqueeze_dim" in params else (None,)
+
+    def matches(layout: str, ud: Optional[int], width: int) -> bool:
+        q = torch.randn(shapes[layout](3, width), generator=g).to(device)
+        k = torch.randn(shapes[layout](2, width), generator=g).to(device)
+        kw = {} if ud is None else {"unsqueeze_dim": ud}
+        try:
+            theirs = fn(q, k, *tables, **kw) if kind == "qk" else (fn(q, *tables, **kw), fn(k, *tables, **kw))
+        except Exception:  # noqa: BLE001
+            return False
+        ours = handle.rotate(q, k, layout, regime.interleaved)
+        return isinstance(theirs, tuple) and len(theirs) == 2 and all(
+            isinstance(b, torch.Tensor) and a.shape == b.shape and (a - b.to(a.dtype)).abs().max().item() <= _PROBE_ATOL
+            for a, b in zip(ours, theirs))
+
+    if kind not in ("qk", "x"):
+        return None
+    found = {}
+    for layout in ("thd", "bhsd", "bshd"):
+        for ud in uds:
+            key = (len(shapes[layout](1, 1)), ud)
+            if key not in found and matches(layout, ud, r):
+                found[key] = layout
+    if not found:
+        return None
+    wider = all(matches(layout, ud, r + 8) for (_, ud), layout in found.items())
+    name = f"{pairing.name}, axial table, " + ", ".join(sorted(set(found.values())))
+    return dataclasses.replace(pairing, name=name + ("" if wider else ", rotated slice only"), rotary_only=not wider,
+                               layouts=tuple(sorted(found.items(), key=str)))
+
+
 def _takes_shorter_q(fn: Callable, tables: tuple, batch: int, seq: int, head_dim: int, device: torch.device) -> bool:
     """Whether ``fn(q, k, cos, sin)`` returns for a q shorter than k (with the probe's tables of ``seq``
     positions)."""
@@ -388,11 +511,11 @@ _STACK = {"LOAD_FAST": (0, 1), "LOAD_CONST": (0, 1), "LOAD_DEREF": (0, 1), "LOAD
           "COMPARE_OP": (2, 1)}
 
 
-def _consumer(ins: list, at: int) -> Optional[str]:
-    """The instruction that consumes the value ``ins[at]`` pushed, when it is one of :data:`_STACK`
-    (followed through the operands pushed above it); None when the walk reaches anything else."""
+def _consumer(ins: list, at: int) -> Optional[int]:
+    """The index of the instruction that consumes the value ``ins[at]`` pushed, when it is one of
+    :data:`_STACK` (followed through the operands pushed above it); None when the walk reaches anything else."""
     depth = 0  # of the value, from the top of the stack
-    for i in ins[at + 1:]:
+    for n, i in enumerate(ins[at + 1:], at + 1):
         effect = _STACK.get(i.opname)
         if i.opname in ("BUILD_SLICE", "BUILD_TUPLE"):
             effect = (i.arg, 1)
@@ -400,9 +523,15 @@ def _consumer(ins: list, at: int) -> Optional[str]:
             return None
         pops, pushes = effect
         if pops > depth:
-            return i.opname
+            return n
         depth += pushes - pops
     return None
+
+
+# What may follow ``position_embeddings[i]``: storing the item (an alias) or loading what a call takes
+# next (Step 3.7's ``position_embeddings=position_embeddings[layer_type]``); anything in :data:`_MISUSE`, or
+# building a list/tuple from it (MLCD's ``torch.cat([..., position_embeddings[0]])``), treats it as a tensor.
+_ITEM_MISUSE = _MISUSE | {"BUILD_LIST", "BUILD_TUPLE", "LIST_APPEND"}
 
 
 def _handle_misuse(cls: type) -> Optional[str]:
@@ -414,11 +543,23 @@ def _handle_misuse(cls: type) -> Optional[str]:
     for at, (a, b) in enumerate(zip(ins, ins[1:])):  # `x, y = position_embeddings`: x and y hold the handle too
         if a.opname.startswith("LOAD_FAST") and a.argval == "position_embeddings" and b.opname == "UNPACK_SEQUENCE":
             names |= {i.argval for i in ins[at + 2: at + 2 + b.arg] if i.opname == "STORE_FAST"}
+        # `cos = position_embeddings[0]` holds it too; anything else done with the item (MLCD's
+        # `torch.cat([..., position_embeddings[0]])`, `position_embeddings[0].unsqueeze(0)`) treats it as a tensor
+        if a.opname.startswith("LOAD_FAST") and a.argval == "position_embeddings" and b.opname == "GET_ITER":
+            # `tuple(f(t) for t in position_embeddings)`: Qwen2.5-VL's vision tower reorders cos/sin rows by window
+            return f"{cls.__name__}.forward iterates over position_embeddings, handing each item to other code"
+        use = _consumer(ins, at) if a.opname.startswith("LOAD_FAST") and a.argval == "position_embeddings" else None
+        if use is not None and ins[use].opname == "BINARY_SUBSCR" and use + 1 < len(ins):
+            after = ins[use + 1]
+            if after.opname == "STORE_FAST":
+                names.add(after.argval)
+            elif after.opname in _ITEM_MISUSE:
+                return f"{cls.__name__}.forward uses an item of position_embeddings as a tensor"
     for at, a in enumerate(ins):
         if a.opname.startswith("LOAD_FAST") and a.argval in names:
             use = _consumer(ins, at)
-            if use in _MISUSE:
-                return f"{cls.__name__}.forward applies {use.lower()} to {a.argval}"
+            if use is not None and ins[use].opname in _MISUSE:
+                return f"{cls.__name__}.forward applies {ins[use].opname.lower()} to {a.argval}"
     return None
 
 
@@ -461,7 +602,8 @@ def plan(model: nn.Module, model_type: str, check: bool) -> Plan:
         specs[(mod, name)] = RotationSpec(kind, params)
         for path, hf_rotary, regimes in candidates:
             for lt, regime in regimes.items():
-                pairing = _probe_one(fn, kind, params, hf_rotary, lt, regime.rope)
+                pairing = (_probe_axial(fn, kind, params, hf_rotary, regime) if isinstance(regime, AxisTableRegime)
+                           else _probe_one(fn, kind, params, hf_rotary, lt, regime.rope))
                 if pairing is not None:
                     proven.setdefault((mod, name), {})[(path, lt)] = pairing
                 elif type(hf_rotary).__module__ == mod:

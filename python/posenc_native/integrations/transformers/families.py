@@ -20,8 +20,10 @@ families *within* that path is data, listed here once:
 
 An entry in :data:`FAMILIES` is needed only where a family does not route rotation through a
 model-level rotary module (GPT-J: a per-attention sin/cos table), where only part of the model is
-patched (vision-language models: the text decoder, :func:`text_decoder`), or where another
-integration module handles it (:data:`DELEGATES`).
+patched part by part (vision-language models: the text decoder and, where proven, the vision tower,
+:func:`text_decoder`), or where another integration module handles it (:data:`DELEGATES`). Vision
+towers' axial rotaries need no entry either: their layout is read from the module
+(:func:`.detect._axis_table`).
 """
 from __future__ import annotations
 
@@ -46,7 +48,9 @@ class Pairing:
     one layout a function without ``unsqueeze_dim`` was proven in (the complex-table form, whose
     broadcast of the table fixes it); None when the call's ``unsqueeze_dim`` says. ``q_trailing``: given
     a q shorter than k, it rotates q at k's last positions (a drafter's block after its context:
-    MuseGlimmer's ``cos[..., -q_len:, :]``)."""
+    MuseGlimmer's ``cos[..., -q_len:, :]``). ``layouts``: for an axial vision table, whose ``[N, R]``
+    cos/sin a function broadcasts its own way, the layout proven per (rank of q, the ``unsqueeze_dim``
+    passed or None), as pairs; None elsewhere."""
 
     name: str
     interleaved: bool
@@ -55,6 +59,7 @@ class Pairing:
     layout: Optional[str] = None
     inverse: bool = False  # turns by -angle (a rotate_half with the signs flipped: NanoChat)
     q_trailing: bool = False
+    layouts: Optional[tuple[tuple[tuple[int, Optional[int]], str], ...]] = None
 
 
 PAIRINGS = (
@@ -65,23 +70,34 @@ PAIRINGS = (
 )
 
 
-def generic(model: nn.Module, record: "PatchRecord", check: bool, path: str = "") -> None:
-    """Any family with a model-level ``*RotaryEmbedding`` and ``apply_rotary_pos_emb``-like functions;
-    with ``path``, only in that submodule (the rest of the model is left alone)."""
+def _plan_part(model: nn.Module, record: "PatchRecord", check: bool, path: str):
+    """The proven plan of the submodule at ``path`` (the whole model for ""), its paths made absolute."""
     from .detect import plan
-    from .runtime import PosencRotaryEmbedding
 
-    part = model.get_submodule(path) if path else model
-    p = plan(part, record.model_type, check)
+    p = plan(model.get_submodule(path) if path else model, record.model_type, check)
     if path:
         for r in p.rotaries:
             r.path = f"{path}.{r.path}"
-        p.skipped.append(f"everything outside {path} ({type(part).__name__}), the vision tower included")
-    record.notes = p.describe()
+    return p
+
+
+def _swap(model: nn.Module, record: "PatchRecord", p) -> None:
+    from .runtime import PosencRotaryEmbedding
+
     for (module_name, name), spec in p.rotations.items():
         record.route(module_name, name, spec)
     for r in p.rotaries:
         record.swap_module(model, r.path, PosencRotaryEmbedding(r.module, r.regimes, r.complex_table))
+
+
+def generic(model: nn.Module, record: "PatchRecord", check: bool, path: str = "") -> None:
+    """Any family with a model-level ``*RotaryEmbedding`` and ``apply_rotary_pos_emb``-like functions;
+    with ``path``, only in that submodule (the rest of the model is left alone)."""
+    p = _plan_part(model, record, check, path)
+    if path:
+        p.skipped.append(f"everything outside {path} ({type(model.get_submodule(path)).__name__})")
+    record.notes = p.describe()
+    _swap(model, record, p)
 
 
 # --------------------------------------------------------------------------------------------
@@ -169,10 +185,11 @@ def gptj(model: nn.Module, record: "PatchRecord", check: bool) -> None:
 
 # --------------------------------------------------------------------------------------------
 # Vision-language models whose vision tower has a rotary embedding of its own (Qwen2-VL, Qwen2.5-VL,
-# Qwen3-VL): the text decoder (MRoPE, [3, B, S] position ids) is patched by the generic path run on
-# it alone, and the vision tower keeps its own rotary path. Run over the whole model, detection would
-# probe the vision attention's rotation function (same modeling module) with the text rotary's
-# cos/sin, which it is never fed, and refuse.
+# Qwen3-VL): the text decoder (MRoPE, [3, B, S] position ids) and the vision tower (axial, [N, 2]
+# position ids) are each planned by the generic path run on that part alone; a tower that cannot be
+# proven is left as it is. Run over the whole model, detection would probe the vision attention's
+# rotation function (same modeling module) with the text rotary's cos/sin, which it is never fed, and
+# refuse.
 
 
 def _text_decoder_path(model: nn.Module) -> str:
@@ -189,9 +206,37 @@ def _text_decoder_path(model: nn.Module) -> str:
                                 f"{type(model).__name__}; this transformers version's layout is not supported")
 
 
+def _vision_tower_path(model: nn.Module) -> Optional[str]:
+    """Path of the submodule that is the vision tower (its config is the model's vision config), if any."""
+    from transformers import PreTrainedModel
+
+    vision_config = getattr(model.config, "vision_config", None)
+    if vision_config is None:
+        return None
+    return next((name for name, m in model.named_modules()
+                 if name and isinstance(m, PreTrainedModel) and getattr(m, "config", None) is vision_config), None)
+
+
 def text_decoder(model: nn.Module, record: "PatchRecord", check: bool) -> None:
-    """Patch the text decoder of a vision-language model; leave its vision tower as it is."""
-    generic(model, record, check, _text_decoder_path(model))
+    """Patch the text decoder of a vision-language model, and its vision tower where that is proven
+    on its own (an axial rotary: :class:`.runtime.AxisTableRegime`); else leave the tower as it is."""
+    from .detect import Plan
+
+    text = _text_decoder_path(model)
+    parts: list[Plan] = [_plan_part(model, record, check, text)]
+    tower = _vision_tower_path(model)
+    if tower is None:
+        parts[0].skipped.append(f"everything outside {text}")
+    else:
+        try:
+            parts.append(_plan_part(model, record, check, tower))
+            parts[-1].skipped.append(f"everything outside {text} and {tower}")
+        except (UnsupportedModelError, ValueError) as e:
+            reason = str(e).replace(f"{_ERR}: ", "")
+            parts[0].skipped.append(f"everything outside {text}, the vision tower {tower} included: {reason}")
+    record.notes = "\n".join([parts[0].describe()] + [p.describe().split("\n", 1)[1] for p in parts[1:]])
+    for p in parts:
+        _swap(model, record, p)
 
 
 @dataclass(frozen=True)
@@ -207,7 +252,7 @@ FAMILIES: dict[str, Family] = {
     "gptj": Family(gptj),
     **{t: Family(text_decoder) for t in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe",
                                          "glm4v", "glm4v_moe", "glm_ocr", "step3p7",
-                                         "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker", "paddleocr_vl")},
+                                         "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker", "paddleocr_vl", "exaone4_5")},
 }
 
 # model_type -> module of another integration with patch(model, check=) / unpatch(model) of its own

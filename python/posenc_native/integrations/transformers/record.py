@@ -31,7 +31,8 @@ class PatchRecord:
 
     # -- filled by the family's patch function (nothing in the model changes until apply())
     def route(self, module_name: str, name: str, spec: RotationSpec) -> None:
-        self.routes.append((module_name, name, spec))
+        if not any(m == module_name and n == name for m, n, _ in self.routes):  # two parts may share one function
+            self.routes.append((module_name, name, spec))
 
     def swap_module(self, model: nn.Module, path: str, new: nn.Module) -> None:
         parent, _, attr = path.rpartition(".")

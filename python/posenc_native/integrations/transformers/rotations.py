@@ -82,10 +82,18 @@ def make_wrapper(original: Callable, spec: RotationSpec, key: tuple[str, str]) -
             return h.rotate(arg(args, kwargs, 0), None, "bshd", interleaved, inverse)[0]
         if spec.kind == "cis":
             return h.rotate(arg(args, kwargs, 0), arg(args, kwargs, 1), pairing.layout, interleaved, inverse)
-        ud = arg(args, kwargs, ui, 1) if ui is not None else 1
-        layout = _LAYOUTS.get(ud)
-        if layout is None:
-            raise ValueError(f"{_ERR}: {original.__name__} with unsqueeze_dim={ud} is not supported")
+        if pairing.layouts is not None:  # an axial vision table: the layout proven for this call's shape
+            x = arg(args, kwargs, 0)
+            ud = arg(args, kwargs, ui) if ui is not None else None
+            layout = dict(pairing.layouts).get((x.dim(), ud))
+            if layout is None:
+                raise UnsupportedModelError(f"{_ERR}: {key[0]}.{key[1]} was called with a {x.dim()}-D q and "
+                                            f"unsqueeze_dim={ud}, a form not proven at patch time; unpatch the model")
+        else:
+            ud = arg(args, kwargs, ui, 1) if ui is not None else 1
+            layout = _LAYOUTS.get(ud)
+            if layout is None:
+                raise ValueError(f"{_ERR}: {original.__name__} with unsqueeze_dim={ud} is not supported")
         if spec.kind == "x":
             out = h.rotate(arg(args, kwargs, 0), None, layout, interleaved, inverse)[0]
             return _deinterleave(out, 2 * h.inv_freq.shape[-1]) if pairing.deinterleave else out

@@ -56,6 +56,8 @@ class RotaryPositions:
         pos = self.positions
         if pos.dim() == 2 and pos.shape[0] == 1 and q.shape[0] != 1:
             pos = pos[0]  # transformers' [1, S] shared by every sequence of the batch (metadata only, no sync)
+        elif layout == "thd" and pos.dim() == 3 and pos.shape[1] == 1:
+            pos = pos[:, 0]  # an axial vision tower's [A, 1, N] for packed [N, H, D] tokens: [A, T]
         inv_freq = self.inv_freq
         if inverse:
             if self._negated is None:  # once per forward pass, not per layer
@@ -158,6 +160,12 @@ class Regime:
     def rotary_dim(self) -> int:
         return self.rope.rotary_dim
 
+    def summary(self) -> str:
+        mrope = self.rope.mrope_section
+        return (f"{self.rope_type}, rotary_dim {self.rotary_dim}, attention_factor {self.attention_factor:g}"
+                + ("" if mrope is None else f", MRoPE sections {list(mrope)} "
+                   f"({'interleaved' if self.rope.mrope_interleaved else 'contiguous'})"))
+
     def _update_dynamic(self, position_ids: torch.Tensor) -> int:
         # Mirrors transformers' dynamic_frequency_update: grow past the longest sequence seen, reset
         # to the original frequencies when a sequence shorter than max_position_embeddings follows.
@@ -192,6 +200,56 @@ class Regime:
         return RotaryPositions(position_ids, inv_freq, self.attention_factor, self.interleaved, self.routes)
 
 
+class AxisTableRegime:
+    """The frequencies of an axial rotary of a vision tower (transformers' ``rope_type == "axial"``:
+    Pixtral, SAM 3, ...), whose position ids are ``[N, A]`` (one column per image axis) and whose
+    layout differs per family (which axis and which band entry feeds each pair): the ops' axis form
+    ``table`` ``[A, rotary_dim / 2]``, read from the module itself (:func:`.detect._axis_table`) and
+    proven by the probe. Static: these types do not follow the sequence length."""
+
+    mode = "static"
+    rope = None  # no RopeConfig describes an arbitrary per-pair table
+    rope_type = "axial"
+
+    def __init__(self, table: torch.Tensor, interleaved: bool, attention_factor: float):
+        self.table = table.detach().to("cpu", torch.float64).contiguous()
+        self.interleaved = bool(interleaved)
+        self.attention_factor = float(attention_factor)
+        self.routes: dict = {}  # (module, function) -> Pairing, filled by detect.plan
+        nonzero = self.table != 0
+        self.pair_axes = tuple(int(a) for a in nonzero.to(torch.int8).argmax(0))  # axis 0 for a pair of angle 0
+        self._on: dict = {}  # device -> table there (a new dict is published per device: readers take no lock)
+
+    @property
+    def rotary_dim(self) -> int:
+        return 2 * self.table.shape[1]
+
+    @property
+    def num_axes(self) -> int:
+        return self.table.shape[0]
+
+    def summary(self) -> str:
+        return (f"axial table of {self.num_axes} axes (from the module's own inv_freq), rotary_dim {self.rotary_dim}, "
+                f"attention_factor {self.attention_factor:g}, {'interleaved' if self.interleaved else 'half-split'}")
+
+    def handle(self, position_ids: torch.Tensor, device: torch.device) -> RotaryPositions:
+        if not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2 or position_ids.shape[-1] != self.num_axes:
+            shape = tuple(position_ids.shape) if isinstance(position_ids, torch.Tensor) else None
+            raise UnsupportedModelError(
+                f"{_ERR}: position_ids of shape {shape} do not match the patched axial rotary "
+                f"embedding: expected [tokens, {self.num_axes}] (one column per axis), as at patch time")
+        if position_ids.is_floating_point():
+            raise UnsupportedModelError(f"{_ERR}: the patched axial rotary embedding was given floating-point "
+                                        "position_ids; the fused rotation takes integer positions (unpatch the model)")
+        table = self._on.get(device)
+        if table is None:
+            table = self.table.to(device)
+            self._on = {**self._on, device: table}
+        # [A, 1, N]: one row per axis, one sequence that every batch row of q shares
+        return RotaryPositions(position_ids.t().unsqueeze(1), table, self.attention_factor, self.interleaved,
+                               self.routes, self.pair_axes)
+
+
 class PosencRotaryEmbedding(nn.Module):
     """Replaces a transformers ``*RotaryEmbedding``: returns :class:`RotaryPositions` instead of cos/sin.
 
@@ -219,23 +277,21 @@ class PosencRotaryEmbedding(nn.Module):
             return getattr(original, name)
 
     @property
-    def rope(self) -> RopeConfig:
-        """The :class:`RopeConfig` of the only (or first) layer type."""
+    def rope(self) -> Optional[RopeConfig]:
+        """The :class:`RopeConfig` of the only (or first) layer type (None for an axial vision table)."""
         return next(iter(self.regimes.values())).rope
 
     def extra_repr(self) -> str:
-        return ", ".join(f"{lt or 'all'}: {r.rope_type}, rotary_dim={r.rotary_dim}, "
-                         f"attention_factor={r.attention_factor:g}, interleaved={r.interleaved}"
-                         + ("" if r.rope.mrope_section is None else
-                            f", mrope_section={list(r.rope.mrope_section)}, "
-                            f"mrope_interleaved={r.rope.mrope_interleaved}")
-                         for lt, r in self.regimes.items())
+        return "; ".join(f"{lt or 'all'}: {r.summary()}" for lt, r in self.regimes.items())
 
     def forward(self, x: torch.Tensor, position_ids: Optional[torch.Tensor] = None, layer_type: Optional[str] = None):
         regime = self.regimes.get(layer_type)
         if regime is None:
             raise UnsupportedModelError(f"{_ERR}: the patched rotary embedding was called with layer_type="
                                         f"{layer_type!r}; it serves {sorted(map(str, self.regimes))}")
+        if isinstance(regime, AxisTableRegime):
+            handle = regime.handle(position_ids, x.device)
+            return handle, handle
         if position_ids is None:
             position_ids = torch.arange(x.shape[1], device=x.device)[None]
         elif position_ids.dim() > 2:

@@ -647,3 +647,170 @@ def test_patched_model_shared_by_threads():
         t.join()
     assert not errors, errors
     hfi.unpatch(model)
+
+
+# --------------------------------------------------------------------------------------------
+# Vision towers: axial rotaries (transformers' rope_type "axial", position ids [N, 2])
+
+def _vision_band(theta: float, width: int) -> torch.Tensor:
+    """1 / theta ** (arange(0, width, 2) / width), float64: the band the axial classes are built from."""
+    return 1.0 / theta ** (torch.arange(0, width, 2, dtype=torch.float64) / width)
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl", "pixtral", "kimi_k25", "inkling2"])
+def test_axial_table_read_from_the_module_matches_an_independent_layout(family):
+    """The ops' axis table of a vision rotary is read from what the module computes (tags in its
+    inv_freq); here it is compared with the layout written out independently in float64 from
+    rope_theta: Qwen3-VL height then width over the band of head_dim / 2 (half-split), Pixtral the band
+    of head_dim split into evens (height) and odds (width), Kimi-K2.5 width and height alternating per
+    band entry, Inkling 2 width then height with interleaved pairs."""
+    from posenc_native.integrations.transformers.detect import _axis_table
+
+    d, theta = 64, 10000.0
+    if family == "qwen3_vl":
+        from transformers.models.qwen3_vl import modeling_qwen3_vl as m
+        rotary = m.Qwen3VLVisionRotaryEmbedding(transformers.Qwen3VLVisionConfig(hidden_size=256, num_heads=4))
+        band, want_interleaved = _vision_band(theta, d // 2), False
+        want = torch.zeros(2, d // 2, dtype=torch.float64)
+        want[0, : d // 4], want[1, d // 4:] = band, band
+    elif family == "pixtral":
+        from transformers.models.pixtral import modeling_pixtral as m
+        rotary = m.PixtralVisionRotaryEmbedding(transformers.PixtralVisionConfig(hidden_size=256, num_attention_heads=4,
+                                                                                 head_dim=d))
+        band, want_interleaved = _vision_band(theta, d), False
+        want = torch.zeros(2, d // 2, dtype=torch.float64)
+        want[0, : d // 4], want[1, d // 4:] = band[0::2], band[1::2]
+    elif family == "kimi_k25":
+        from transformers.models.kimi_k25 import modeling_kimi_k25 as m
+        cfg = transformers.models.kimi_k25.configuration_kimi_k25.Kimi_K25VisionConfig(hidden_size=256, num_attention_heads=4)
+        rotary = m.Kimi_K25VisionRotaryEmbedding(cfg)
+        band, want_interleaved = _vision_band(theta, d // 2), False
+        want = torch.zeros(2, d // 2, dtype=torch.float64)
+        want[1, 0::2], want[0, 1::2] = band, band  # pair 2j: width, pair 2j + 1: height
+    else:
+        from transformers.models.inkling2 import configuration_inkling2 as c, modeling_inkling2 as m
+        rotary = m.Inkling2VisionRotaryEmbedding(c.Inkling2VisionConfig(hidden_size=256, num_attention_heads=4))
+        band, want_interleaved = _vision_band(theta, d // 2), True
+        want = torch.zeros(2, d // 2, dtype=torch.float64)
+        want[1, : d // 4], want[0, d // 4:] = band, band  # width first
+    assert rotary.config.rope_parameters["rope_theta"] == theta
+    table, interleaved = _axis_table(rotary)
+    assert interleaved == want_interleaved
+    assert table.shape == want.shape and torch.equal(table == 0, want == 0)
+    torch.testing.assert_close(table, want, rtol=1e-7, atol=0)  # the module's float32 band, within its rounding
+
+
+def test_axial_table_refuses_a_per_axis_half_split():
+    """Gemma 4's vision tower lays cos/sin out H-H-W-W (each axis rotating its own half of the head):
+    no single half-split or interleaved pairing reproduces that, so the table is refused."""
+    from transformers.models.gemma4 import modeling_gemma4 as m
+    from posenc_native.integrations.transformers.detect import _axis_table
+
+    rotary = m.Gemma4VisionRotaryEmbedding(transformers.Gemma4VisionConfig(hidden_size=256, num_attention_heads=4,
+                                                                           head_dim=64))
+    with pytest.raises(hfi.UnsupportedModelError, match="neither half-split nor interleaved"):
+        _axis_table(rotary)
+
+
+def _qwen3_vl():
+    cfg = transformers.Qwen3VLConfig(
+        text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, rope_parameters=dict(rope_type="default", rope_theta=5e5,
+                                                                                 mrope_section=[4, 2, 2])),
+        vision_config=dict(hidden_size=64, intermediate_size=128, depth=2, num_heads=2, out_hidden_size=64, patch_size=4,
+                           temporal_patch_size=2, spatial_merge_size=2, deepstack_visual_indexes=[0],
+                           num_position_embeddings=64))
+    torch.manual_seed(0)
+    return transformers.Qwen3VLModel(cfg).eval()
+
+
+def test_vision_tower_of_a_vision_language_model_is_patched():
+    """Qwen3-VL: patch() swaps the text decoder's MRoPE and the vision tower's axial rotary (head_dim 32,
+    rotary pairs height then width); two images of different grids through the tower give the
+    unpatched outputs, which the positions are checked to move, and unpatch restores them bit for bit."""
+    model = _qwen3_vl()
+    tower = model.visual
+    grid = torch.tensor([[1, 4, 6], [1, 2, 4]])
+    g = torch.Generator().manual_seed(3)
+    patches = torch.randn(int(grid.prod(-1).sum()), 3 * 2 * 4 * 4, generator=g)
+    with torch.no_grad():
+        want = tower(patches, grid_thw=grid).last_hidden_state
+        moved = tower(patches, grid_thw=grid[:, [0, 2, 1]]).last_hidden_state  # height and width swapped
+        assert (want - moved).abs().max().item() > 1e-3  # the 2-D positions matter
+        hfi.patch(model)
+        notes = hfi.describe(model)
+        assert "swap visual.rotary_pos_emb" in notes and "axial table of 2 axes" in notes, notes
+        assert isinstance(tower.rotary_pos_emb, hfi.PosencRotaryEmbedding)
+        got = tower(patches, grid_thw=grid).last_hidden_state
+        _assert_close_logits(got, want)
+        hfi.unpatch(model)
+        assert torch.equal(tower(patches, grid_thw=grid).last_hidden_state, want)
+
+
+def test_pixtral_vision_model_is_patched():
+    """Pixtral (a vision model on its own): images of two sizes, 4x6 and 2x3 patches."""
+    cfg = transformers.PixtralVisionConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                           head_dim=16, image_size=96, patch_size=16)
+    torch.manual_seed(0)
+    model = transformers.PixtralVisionModel(cfg).eval()
+    g = torch.Generator().manual_seed(4)
+    pixels = torch.randn(2, 3, 64, 96, generator=g)
+    sizes = torch.tensor([[64, 96], [32, 48]])
+    with torch.no_grad():
+        want = model(pixels, image_sizes=sizes).last_hidden_state
+        hfi.patch(model)
+        got = model(pixels, image_sizes=sizes).last_hidden_state
+    _assert_close_logits(got, want)
+
+
+def test_patched_axial_rotary_refuses_positions_it_was_not_proven_for():
+    """The swapped tower rotary takes integer [tokens, 2] ids, as at patch time: three columns or float
+    ids fail loudly (nothing is rotated by a guess)."""
+    model = _qwen3_vl()
+    hfi.patch(model)
+    rotary = model.visual.rotary_pos_emb
+    x = torch.randn(1, 5, 64)
+    with pytest.raises(hfi.UnsupportedModelError, match=r"expected \[tokens, 2\]"):
+        rotary(x, torch.zeros(5, 3, dtype=torch.long))
+    with pytest.raises(hfi.UnsupportedModelError, match="floating-point"):
+        rotary(x, torch.zeros(5, 2))
+    cos, sin = rotary(x, torch.randint(0, 9, (5, 2)))
+    assert isinstance(cos, hfi.RotaryPositions) and cos is sin
+
+
+def test_vision_towers_that_treat_the_handle_as_a_tensor_are_refused():
+    """Forwards that hand cos/sin to other code are read from their bytecode: Qwen2.5-VL's tower reorders
+    their rows by window (it iterates over ``position_embeddings``), MLCD concatenates a class token's
+    row (``torch.cat([..., position_embeddings[0]])``). ``position_embeddings[layer_type]`` passed on
+    (Step 3.7) is not refused."""
+    from transformers.models.mlcd import modeling_mlcd
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
+    from transformers.models.step3p7 import modeling_step3p7
+    from posenc_native.integrations.transformers.detect import _handle_misuse
+
+    assert "iterates over position_embeddings" in _handle_misuse(
+        modeling_qwen2_5_vl.Qwen2_5_VisionTransformerPretrainedModel)
+    assert "uses an item of position_embeddings as a tensor" in _handle_misuse(modeling_mlcd.MLCDVisionModel)
+    assert "uses an item of position_embeddings as a tensor" in _handle_misuse(modeling_mlcd.MLCDAttention)
+    assert _handle_misuse(modeling_step3p7.Step3p7TextModel) is None
+
+
+def test_compiled_patched_vision_tower_adds_no_graph_break():
+    """torch.compile of a patched Qwen3-VL tower: the outputs of the unpatched tower, and no graph break
+    beyond the tower's own (its grid bookkeeping breaks the graph with or without the patch)."""
+    import torch._dynamo as dynamo
+
+    model = _qwen3_vl()
+    tower = model.visual
+    grid = torch.tensor([[1, 4, 6], [1, 2, 4]])
+    patches = torch.randn(int(grid.prod(-1).sum()), 3 * 2 * 4 * 4, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        want = tower(patches, grid_thw=grid).last_hidden_state
+        own = dynamo.explain(tower)(patches, grid_thw=grid).graph_break_count
+        dynamo.reset()
+        hfi.patch(model)
+        assert dynamo.explain(tower)(patches, grid_thw=grid).graph_break_count == own
+        dynamo.reset()
+        got = torch.compile(tower)(patches, grid_thw=grid).last_hidden_state
+        dynamo.reset()
+    _assert_close_logits(got, want)

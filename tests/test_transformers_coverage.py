@@ -145,6 +145,10 @@ _OVERRIDES: dict[str, dict] = {
     "qwen3_omni_moe_audio_encoder": dict(encoder_layers=1, encoder_attention_heads=4, encoder_ffn_dim=128, output_dim=64,
                                          num_mel_bins=16, downsample_hidden_size=16),
     "qwen3_omni_moe_vision_encoder": dict(num_heads=4, out_hidden_size=64, deepstack_visual_indexes=[0], num_position_embeddings=64),
+    # vision towers whose head count the shared sizes leave inconsistent with their width (heads of 16 dims)
+    "qwen2_vl_vision": dict(embed_dim=64, num_heads=4),
+    "glm4v_vision": dict(num_heads=4),
+    "glm4v_moe_vision": dict(num_heads=4),
     "paddleocr_vl_vision": dict(num_attention_heads=4),
     "ernie4_5_vl_moe_vision": dict(num_heads=4),
     "deepseek_ocr2_vision": dict(sam_config=dict(_SAM)),
@@ -415,6 +419,109 @@ def run_family(family: str) -> tuple[str, str, str]:
     return best
 
 
+def _vision_tower(model) -> tuple[str, torch.nn.Module] | tuple[None, None]:
+    """The vision tower of a vision-language model: the submodel holding its vision config, when it has
+    an axial rotary (transformers' ``rope_type == "axial"``)."""
+    from transformers import PreTrainedModel
+
+    vision_config = getattr(model.config, "vision_config", None)
+    for name, m in model.named_modules():
+        if name and isinstance(m, PreTrainedModel) and m.config is vision_config and any(
+                getattr(r, "rope_type", None) == "axial" for r in m.modules()):
+            return name, m
+    return None, None
+
+
+# Two images of 4x6 and 2x4 patches (even sides: the towers merge 2x2 patches), flattened as the towers take them
+_GRID = ((1, 4, 6), (1, 2, 4))
+
+
+def _tower_inputs(tower) -> dict:
+    params = list(inspect.signature(tower.forward).parameters)
+    if "grid_thw" not in params:  # SAM 3's tower takes whole images at its own (large) size, Pixtral image sizes
+        raise ValueError(f"the harness feeds packed patches with grid_thw; {type(tower).__name__}.forward takes "
+                         f"({', '.join(params)})")
+    layers = [(n, m) for n, m in tower.named_modules() if isinstance(m, (torch.nn.Conv3d, torch.nn.Conv2d, torch.nn.Linear))]
+    embed = next((m for n, m in layers if "patch" in n), layers[0][1])  # the patch embedding, else the first layer
+    width = (embed.in_features if isinstance(embed, torch.nn.Linear)
+             else embed.in_channels * int(torch.tensor(embed.kernel_size).prod()))
+    grid = torch.tensor(_GRID)
+    patches = int(grid.prod(-1).sum())
+    if isinstance(embed, torch.nn.Conv2d):  # Kimi-K2.5: patches as images [N, C, P, P]; PaddleOCR-VL: [1, N, C, P, P]
+        pixels = _noise(patches, embed.in_channels, *embed.kernel_size)
+        inputs = {params[0]: pixels[None] if tower.config.model_type == "paddleocr_vl_vision" else pixels}
+    else:  # flattened patches [N, C * T * P * P]
+        inputs = {params[0]: _noise(patches, width)}
+    if "grid_thw" in params:
+        inputs["grid_thw"] = grid
+    if "merge_sizes" in params:  # VideoLLaMA 3
+        inputs["merge_sizes"] = torch.tensor([2] * len(_GRID))
+    return inputs
+
+
+@torch.no_grad()
+def _tower_out(tower, inputs) -> torch.Tensor:
+    out = tower(**inputs)
+    t = getattr(out, "last_hidden_state", None)
+    return (out[0] if t is None else t).float()
+
+
+def run_vision_tower(family: str):
+    """(model type, status, reason) of a vision-language family's axial vision tower, patched on its own
+    and run on two images (the family's row runs its text decoder on token ids); None without one."""
+    from posenc_native.integrations import transformers as hfi
+
+    candidates = _model_types(family)
+    if not candidates:
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = _build(candidates[0][0], "base")
+    except Exception:  # noqa: BLE001 - the family's own row reports it
+        return None
+    name, tower = _vision_tower(model)
+    if tower is None:
+        return None
+    mt = tower.config.model_type
+    try:
+        inputs = _tower_inputs(tower)
+        want = _tower_out(tower, inputs)
+    except Exception as e:  # noqa: BLE001
+        return mt, "not built", _first_line(e)
+    try:
+        hfi.patch(tower)
+    except (hfi.UnsupportedModelError, ValueError) as e:
+        return mt, "refused", _first_line(e)
+    try:
+        err = (_tower_out(tower, inputs) - want).abs().max().item()
+        if not err <= LOGIT_ATOL:
+            return mt, "WRONG", f"patched outputs differ by {err:.3g}"
+        if err == 0.0:
+            return mt, "not built", "the tower's outputs do not depend on its rotary path"
+        hfi.unpatch(tower)
+        if not torch.equal(_tower_out(tower, inputs), want):
+            return mt, "WRONG", "unpatched outputs are not bit-identical to the original's"
+    except Exception as e:  # noqa: BLE001
+        return mt, "WRONG", "patched tower failed: " + _first_line(e)
+    finally:
+        if hfi.is_patched(tower):
+            hfi.unpatch(tower)
+    return mt, "patched", f"{type(tower).__name__} ({name}), images {list(_GRID)}: max abs diff {err:.1e} (last hidden state)"
+
+
+def run_all(families) -> dict[str, tuple[str, str, str]]:
+    """Each family's row, and a row ``"<family> (vision tower)"`` for its axial vision tower."""
+    results = {}
+    for family in families:
+        results[family] = run_family(family)
+        tower = run_vision_tower(family)
+        if tower is not None:
+            results[f"{family} (vision tower)"] = tower
+        gc.collect()
+    return results
+
+
 def read_table(path: Path = TABLE) -> dict[str, tuple[str, str, str]]:
     rows = {}
     if path.exists():
@@ -440,10 +547,12 @@ def write_table(results: dict[str, tuple[str, str, str]], seconds: float, path: 
         "**patched**: `patch()` accepted it, outputs within 1e-4 of the unpatched model, identical 10-token greedy "
         "generation (causal LMs), bit-identical outputs after `unpatch()`. **refused**: `patch()` raised "
         "`UnsupportedModelError` with the reason shown. **not built**: no tiny model could be built or run from "
-        "the config class alone.",
+        "the config class alone. Rows **(vision tower)**: the axial vision tower of a vision-language model, patched "
+        "on its own and run on two images of 4x6 and 2x4 patches (the family's row runs the model on token ids).",
         "",
-        f"{len(results)} families: {counts['patched']} patched, {counts['refused']} refused, "
-        f"{counts['not built']} not built, {counts['WRONG']} wrong ({seconds:.0f} s).",
+        f"{len(results)} rows ({sum(1 for f in results if not f.endswith('(vision tower)'))} families and "
+        f"{sum(1 for f in results if f.endswith('(vision tower)'))} vision towers): {counts['patched']} patched, "
+        f"{counts['refused']} refused, {counts['not built']} not built, {counts['WRONG']} wrong ({seconds:.0f} s).",
         "",
         "| family | model type | status | reason / what was compared |",
         "|---|---|---|---|",
@@ -475,7 +584,7 @@ def test_every_rotary_family():
     transformers.logging.set_verbosity_error()
     before = read_table()
     t0 = time.perf_counter()
-    results = {family: run_family(family) for family in _rotary_families()}
+    results = run_all(_rotary_families())
     write_table(results, time.perf_counter() - t0)
     if os.environ.get("POSENC_UPDATE_COVERAGE") == "1":
         write_verified(results)
@@ -497,7 +606,8 @@ if __name__ == "__main__":
     for fam in sys.argv[1:] or _rotary_families():
         t = time.perf_counter()
         try:
-            res = run_family(fam)
+            rows = run_all([fam])
         except Exception:  # noqa: BLE001
-            res = ("?", "CRASH", traceback.format_exc()[-300:])
-        print(f"{fam:32s} {res[0]:28s} {res[1]:10s} {time.perf_counter() - t:5.1f}s  {res[2][:200]}", flush=True)
+            rows = {fam: ("?", "CRASH", traceback.format_exc()[-300:])}
+        for row, res in rows.items():
+            print(f"{row:32s} {res[0]:28s} {res[1]:10s} {time.perf_counter() - t:5.1f}s  {res[2][:200]}", flush=True)

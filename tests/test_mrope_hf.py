@@ -300,7 +300,13 @@ def test_patched_text_decoder_matches(model_type):
     patch(model)
     rotary = model.model.language_model.rotary_emb
     assert isinstance(rotary, PosencRotaryEmbedding)
-    assert model.model.visual.rotary_pos_emb is vision_rotary  # the vision tower is left as it is
+    tower_rotary = model.model.visual.rotary_pos_emb
+    if model_type == "qwen2_5_vl":  # its tower reorders cos/sin rows by window itself: left as it is
+        assert tower_rotary is vision_rotary
+        assert "the vision tower model.visual included: Qwen2_5_VisionTransformerPretrainedModel" in describe(model)
+    else:  # the tower's axial rotary too: the image logits below go through both
+        assert isinstance(tower_rotary, PosencRotaryEmbedding) and tower_rotary.original is vision_rotary
+        assert "swap model.visual.rotary_pos_emb" in describe(model)
     rope = rotary.rope
     assert rope.mrope_section is not None and rope.mrope_interleaved == model_type.startswith("qwen3")
     assert "MRoPE sections" in describe(model)
@@ -315,7 +321,7 @@ def test_patched_text_decoder_matches(model_type):
                          eos_token_id=None, pad_token_id=0)
     assert torch.equal(gen, ref_gen)
     unpatch(model)
-    assert model.model.language_model.rotary_emb is not rotary
+    assert model.model.language_model.rotary_emb is not rotary and model.model.visual.rotary_pos_emb is vision_rotary
     assert torch.equal(logits(model, input_ids=ids, position_ids=positions), ref_pos)
 
 

@@ -39,9 +39,11 @@ import copy
 import dataclasses
 import dis
 import inspect
+import math
 import sys
 import types
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Callable, Optional
 
 import torch
@@ -225,8 +227,37 @@ def _multi_axis(hf_rotary: nn.Module, lt: Optional[str]) -> bool:
 _TAG = 2.0 ** -20
 
 
+def _exact_frequencies(freqs: torch.Tensor, theta) -> torch.Tensor:
+    """A module's float32 frequencies as the float64 powers of ``theta`` they round, when every one is
+    one: ``theta ** (-p / q)`` with ``q <= 1024`` (a band entry ``1 / theta ** (2j / w)`` of any width up
+    to 2048), within ``2**-22`` (float32's rounding). Two such exponents differ by at least ``1 / 1024**2``,
+    which moves the power some 40 times more than that, so the exponent read back is unique; a
+    value that is no such power (a scaled band) rarely lands that close to one, and the whole band must.
+    Otherwise the band is returned as it is (and even a false match would stay within float32's
+    rounding of the module's own value)."""
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta) or theta <= 1:
+        return freqs
+    exact = []
+    for v in freqs.tolist():
+        if v <= 0:
+            return freqs
+        e = Fraction(-math.log(v) / math.log(theta)).limit_denominator(1024)
+        p = float(theta) ** -float(e)
+        if abs(p - v) > 2.0 ** -22 * v:
+            return freqs
+        exact.append(p)
+    return torch.tensor(exact, dtype=torch.float64)
+
+
+def _theta(hf_rotary: nn.Module, lt: Optional[str]):
+    params = getattr(getattr(hf_rotary, "config", None), "rope_parameters", None)
+    if isinstance(params, dict) and lt is not None:
+        params = params.get(lt)
+    return params.get("rope_theta") if isinstance(params, dict) else None
+
+
 @torch.no_grad()
-def _axis_table(hf_rotary: nn.Module) -> tuple[torch.Tensor, bool]:
+def _axis_table(hf_rotary: nn.Module, lt: Optional[str] = None, axis_last: bool = True) -> tuple[torch.Tensor, bool]:
     """The ops' axis form ``[A, R / 2]`` of an axial rotary module (a vision tower's: position ids
     ``[N, A]``, one column per axis), and whether its pairs are interleaved, read from what the module
     computes: a copy whose ``inv_freq`` holds tags is fed one unit position per axis, and each
@@ -236,18 +267,21 @@ def _axis_table(hf_rotary: nn.Module) -> tuple[torch.Tensor, bool]:
     probe proves the rotation. Raises :class:`UnsupportedModelError` when the dims pair neither
     half-split nor interleaved (Gemma 4's H-H-W-W rotates each half on its own)."""
     probe = copy.deepcopy(hf_rotary)
-    buf = getattr(probe, "inv_freq", None)
+    buf = _attr(probe, lt, "inv_freq")
     if not isinstance(buf, torch.Tensor) or buf.dim() != 1 or buf.is_meta or not 0 < buf.numel() < 256:
         raise UnsupportedModelError("its inv_freq is not a materialised 1-D band")
     n, device = buf.numel(), buf.device
-    freqs = buf.to(torch.float64).cpu()
+    freqs = _exact_frequencies(buf.to(torch.float64).cpu(), _theta(hf_rotary, lt))
     buf.copy_(torch.arange(1, n + 1, dtype=torch.float64, device=device) * _TAG)
     # two axes (an image's height and width) unless the module cannot take them (a time axis too);
     # a layout that takes any count (Kimi-K2.5's) reads as two, what its tower feeds it
     for axes in (2, 3):
         pos = torch.eye(axes + 1, axes, device=device)  # row a: 1 on axis a; the last row: the origin
+        if not axis_last:  # [A, 1, A + 1]: token a at 1 on axis a
+            pos = pos.t()[:, None]
         try:
-            cos, sin = probe(torch.zeros(1, axes + 1, 8, device=device), pos)
+            x = torch.zeros(1, axes + 1, 8, device=device)
+            cos, sin = probe(x, pos) if lt is None else probe(x, pos, lt)
         except Exception:  # noqa: BLE001 - not this many axes
             continue
         if not (isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor) and cos.shape == sin.shape
@@ -307,32 +341,49 @@ def _regimes(model: nn.Module, path: str, hf_rotary: nn.Module, check: bool) -> 
             raise UnsupportedModelError("it holds no inv_freq buffer")
         if lt is not None and rope_type not in ("default", "linear", "yarn", "llama3", "proportional"):
             raise UnsupportedModelError(f"rope_type {rope_type!r} per layer type (sequence-length dependent)")
-        try:
-            rope = RopeConfig.from_hf(cfg, layer_type=lt)
-        except (NotImplementedError, ValueError, KeyError, TypeError) as e:
-            raise UnsupportedModelError(f"RopeConfig.from_hf cannot read its configuration: {e}") from e
-        lo = None
-        if rope_type == "longrope":
-            params = cfg.rope_parameters if lt is None else cfg.rope_parameters[lt]
-            lo = params.get("original_max_position_embeddings")
-            if lo is None:
-                raise UnsupportedModelError("its longrope config has no original_max_position_embeddings")
-        if 2 * int(buf.shape[-1]) != rope.rotary_dim:
-            raise ValueError(f"{_ERR}: {where}: RopeConfig.from_hf gives rotary_dim {rope.rotary_dim} but the model "
-                             f"rotates {2 * int(buf.shape[-1])} dims")
         multi_axis = _multi_axis(hf_rotary, lt)
-        if multi_axis and rope.mrope_section is None:
-            raise UnsupportedModelError("it takes position ids per axis ([axes, batch, seq]: multimodal rope "
-                                        "sections), but RopeConfig.from_hf reads no MRoPE layout (mrope_section) "
-                                        "from its config")
-        if rope.mrope_section is not None and not multi_axis:
-            raise UnsupportedModelError(f"RopeConfig.from_hf reads an MRoPE layout (mrope_section "
-                                        f"{rope.mrope_section}) from its config, but it takes one row of position ids")
-        regime = Regime(rope, rope_type, rope.interleaved, hf_rotary, lo)
-        if check:
-            _check_regime(cfg, hf_rotary, lt, rope, regime, where)
-        regimes[lt] = regime
+        try:
+            regimes[lt] = _config_regime(cfg, hf_rotary, lt, rope_type, multi_axis, check, where)
+        except (UnsupportedModelError, ValueError) as e:
+            if not (multi_axis and rope_type == "default"):
+                raise
+            # a multi-axis layout RopeConfig.from_hf does not describe (ERNIE 4.5 VL pre-permutes its band):
+            # the module's own table, read and proven as a vision tower's is
+            why = str(e).replace(f"{_ERR}: ", "").replace(f"{where}: ", "").split(" (")[0].split("; ")[0]
+            table, interleaved = _axis_table(hf_rotary, lt, axis_last=False)
+            regimes[lt] = AxisTableRegime(table, interleaved, float(_attr(hf_rotary, lt, "attention_scaling") or 1.0),
+                                          axis_last=False, source=f"read from the module, as {why}")
     return regimes
+
+
+def _config_regime(cfg, hf_rotary: nn.Module, lt: Optional[str], rope_type: str, multi_axis: bool, check: bool,
+                   where: str) -> Regime:
+    """The regime :meth:`RopeConfig.from_hf` reads from the module's config, checked against the module."""
+    buf = _attr(hf_rotary, lt, "inv_freq")
+    try:
+        rope = RopeConfig.from_hf(cfg, layer_type=lt)
+    except (NotImplementedError, ValueError, KeyError, TypeError) as e:
+        raise UnsupportedModelError(f"RopeConfig.from_hf cannot read its configuration: {e}") from e
+    lo = None
+    if rope_type == "longrope":
+        params = cfg.rope_parameters if lt is None else cfg.rope_parameters[lt]
+        lo = params.get("original_max_position_embeddings")
+        if lo is None:
+            raise UnsupportedModelError("its longrope config has no original_max_position_embeddings")
+    if 2 * int(buf.shape[-1]) != rope.rotary_dim:
+        raise ValueError(f"{_ERR}: {where}: RopeConfig.from_hf gives rotary_dim {rope.rotary_dim} but the model "
+                         f"rotates {2 * int(buf.shape[-1])} dims")
+    if multi_axis and rope.mrope_section is None:
+        raise UnsupportedModelError("it takes position ids per axis ([axes, batch, seq]: multimodal rope "
+                                    "sections), but RopeConfig.from_hf reads no MRoPE layout (mrope_section) "
+                                    "from its config")
+    if rope.mrope_section is not None and not multi_axis:
+        raise UnsupportedModelError(f"RopeConfig.from_hf reads an MRoPE layout (mrope_section "
+                                    f"{rope.mrope_section}) from its config, but it takes one row of position ids")
+    regime = Regime(rope, rope_type, rope.interleaved, hf_rotary, lo)
+    if check:
+        _check_regime(cfg, hf_rotary, lt, rope, regime, where)
+    return regime
 
 
 # --------------------------------------------------------------------------------------------
@@ -351,21 +402,24 @@ def _kind(params: tuple[str, ...]) -> Optional[str]:
 
 @torch.no_grad()
 def _probe_one(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.Module, lt: Optional[str],
-               rope: RopeConfig) -> Optional[Pairing]:
+               regime) -> Optional[Pairing]:
     """The pairing under which the fused kernel reproduces ``fn`` fed by ``hf_rotary`` (None: none does).
 
     Heads are probed as wide as the rotated part and 8 dims wider: a function that matches only at
     the rotated width (it is handed the rotary slice, as DeepSeek's MLA does) gets a pairing that
     refuses wider inputs at run time rather than rotate the wrong dims. With an axis layout (MRoPE)
     positions have one row per axis, each row different, and the kernel gets the module's own
-    frequencies laid out by ``rope.pair_axes``: a match proves the pair -> axis map. A ``"cis"``
+    frequencies laid out by ``rope.pair_axes`` (or the regime's own table, read from the module:
+    :class:`AxisTableRegime`): a match proves the pair -> axis map. A ``"cis"``
     function takes the module's one complex table and no ``unsqueeze_dim``: the layout its broadcast
     of the table fits is found here, and travels in the pairing."""
     probe = copy.deepcopy(hf_rotary)  # the module's dynamic state must not move
     device = _attr(probe, lt, "inv_freq").device
     g = torch.Generator().manual_seed(1234)
     batch, seq = 2, 7
-    axes = (rope.num_axes,) if rope.mrope_section is not None else ()
+    table = isinstance(regime, AxisTableRegime)
+    rope = regime.rope
+    axes = (regime.num_axes,) if table or rope.mrope_section is not None else ()
     pos = torch.randint(0, 60, (*axes, batch, seq), generator=g).to(device)
     x = torch.zeros(batch, seq, 8, device=device)
     try:
@@ -381,7 +435,9 @@ def _probe_one(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.M
         return None
     inv_freq = _attr(probe, lt, "inv_freq").to(torch.float64)
     rotary_dim = 2 * inv_freq.shape[-1]
-    if axes:
+    if table:
+        inv_freq, rotary_dim = regime.table.to(device), regime.rotary_dim
+    elif axes:
         if rotary_dim != rope.rotary_dim:
             return None
         inv_freq = axis_inv_freq(inv_freq, rope.pair_axes, rope.num_axes)
@@ -602,8 +658,9 @@ def plan(model: nn.Module, model_type: str, check: bool) -> Plan:
         specs[(mod, name)] = RotationSpec(kind, params)
         for path, hf_rotary, regimes in candidates:
             for lt, regime in regimes.items():
-                pairing = (_probe_axial(fn, kind, params, hf_rotary, regime) if isinstance(regime, AxisTableRegime)
-                           else _probe_one(fn, kind, params, hf_rotary, lt, regime.rope))
+                pairing = (_probe_axial(fn, kind, params, hf_rotary, regime)
+                           if isinstance(regime, AxisTableRegime) and regime.axis_last
+                           else _probe_one(fn, kind, params, hf_rotary, lt, regime))
                 if pairing is not None:
                     proven.setdefault((mod, name), {})[(path, lt)] = pairing
                 elif type(hf_rotary).__module__ == mod:

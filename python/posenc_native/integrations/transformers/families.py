@@ -252,7 +252,7 @@ FAMILIES: dict[str, Family] = {
     "gptj": Family(gptj),
     **{t: Family(text_decoder) for t in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe",
                                          "glm4v", "glm4v_moe", "glm_ocr", "step3p7",
-                                         "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker", "paddleocr_vl", "exaone4_5")},
+                                         "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker", "paddleocr_vl", "exaone4_5", "ernie4_5_vl_moe")},
 }
 
 # model_type -> module of another integration with patch(model, check=) / unpatch(model) of its own

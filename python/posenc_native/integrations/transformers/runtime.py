@@ -201,18 +201,23 @@ class Regime:
 
 
 class AxisTableRegime:
-    """The frequencies of an axial rotary of a vision tower (transformers' ``rope_type == "axial"``:
-    Pixtral, SAM 3, ...), whose position ids are ``[N, A]`` (one column per image axis) and whose
-    layout differs per family (which axis and which band entry feeds each pair): the ops' axis form
-    ``table`` ``[A, rotary_dim / 2]``, read from the module itself (:func:`.detect._axis_table`) and
-    proven by the probe. Static: these types do not follow the sequence length."""
+    """The frequencies of a multi-axis rotary whose layout no :class:`RopeConfig` names, as the ops'
+    axis form ``table`` ``[A, rotary_dim / 2]`` read from the module itself (:func:`.detect._axis_table`)
+    and proven by the probe. Vision towers' axial rotaries (transformers' ``rope_type == "axial"``:
+    Pixtral, Qwen3-VL's tower, ...; ``axis_last``: ids ``[N, A]``, one column per image axis) each pick
+    their own pair -> (axis, band entry) order; a text decoder's MRoPE may too (ERNIE 4.5 VL
+    pre-permutes its band; ids ``[A, B, S]``). Static: these types do not follow the sequence length.
+    ``source`` says where the table came from (for ``describe``)."""
 
     mode = "static"
     rope = None  # no RopeConfig describes an arbitrary per-pair table
     rope_type = "axial"
 
-    def __init__(self, table: torch.Tensor, interleaved: bool, attention_factor: float):
+    def __init__(self, table: torch.Tensor, interleaved: bool, attention_factor: float, axis_last: bool = True,
+                 source: str = "from the module's own inv_freq"):
         self.table = table.detach().to("cpu", torch.float64).contiguous()
+        self.axis_last = bool(axis_last)
+        self.source = source
         self.interleaved = bool(interleaved)
         self.attention_factor = float(attention_factor)
         self.routes: dict = {}  # (module, function) -> Pairing, filled by detect.plan
@@ -229,25 +234,38 @@ class AxisTableRegime:
         return self.table.shape[0]
 
     def summary(self) -> str:
-        return (f"axial table of {self.num_axes} axes (from the module's own inv_freq), rotary_dim {self.rotary_dim}, "
+        kind = "axial" if self.axis_last else "multi-axis"
+        return (f"{kind} table of {self.num_axes} axes ({self.source}), rotary_dim {self.rotary_dim}, "
                 f"attention_factor {self.attention_factor:g}, {'interleaved' if self.interleaved else 'half-split'}")
 
     def handle(self, position_ids: torch.Tensor, device: torch.device) -> RotaryPositions:
+        """``position_ids``: ``[N, A]`` (``axis_last``), else as :meth:`PosencRotaryEmbedding.forward`
+        normalised them (``[A, B, S]`` or ``[B, S]``: every axis alike)."""
+        if not self.axis_last:
+            return RotaryPositions(self._integer(position_ids), self._table_on(device), self.attention_factor,
+                                   self.interleaved, self.routes, self.pair_axes)
         if not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2 or position_ids.shape[-1] != self.num_axes:
             shape = tuple(position_ids.shape) if isinstance(position_ids, torch.Tensor) else None
             raise UnsupportedModelError(
                 f"{_ERR}: position_ids of shape {shape} do not match the patched axial rotary "
                 f"embedding: expected [tokens, {self.num_axes}] (one column per axis), as at patch time")
+        # [A, 1, N]: one row per axis, one sequence that every batch row of q shares
+        return RotaryPositions(self._integer(position_ids).t().unsqueeze(1), self._table_on(device),
+                               self.attention_factor, self.interleaved, self.routes, self.pair_axes)
+
+    @staticmethod
+    def _integer(position_ids: torch.Tensor) -> torch.Tensor:
         if position_ids.is_floating_point():
-            raise UnsupportedModelError(f"{_ERR}: the patched axial rotary embedding was given floating-point "
-                                        "position_ids; the fused rotation takes integer positions (unpatch the model)")
+            raise UnsupportedModelError(f"{_ERR}: the patched rotary embedding was given floating-point position_ids; "
+                                        "the fused rotation takes integer positions (unpatch the model)")
+        return position_ids
+
+    def _table_on(self, device: torch.device) -> torch.Tensor:
         table = self._on.get(device)
         if table is None:
             table = self.table.to(device)
             self._on = {**self._on, device: table}
-        # [A, 1, N]: one row per axis, one sequence that every batch row of q shares
-        return RotaryPositions(position_ids.t().unsqueeze(1), table, self.attention_factor, self.interleaved,
-                               self.routes, self.pair_axes)
+        return table
 
 
 class PosencRotaryEmbedding(nn.Module):
@@ -289,7 +307,7 @@ class PosencRotaryEmbedding(nn.Module):
         if regime is None:
             raise UnsupportedModelError(f"{_ERR}: the patched rotary embedding was called with layer_type="
                                         f"{layer_type!r}; it serves {sorted(map(str, self.regimes))}")
-        if isinstance(regime, AxisTableRegime):
+        if isinstance(regime, AxisTableRegime) and regime.axis_last:
             handle = regime.handle(position_ids, x.device)
             return handle, handle
         if position_ids is None:

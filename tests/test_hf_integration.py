@@ -697,7 +697,7 @@ def test_axial_table_read_from_the_module_matches_an_independent_layout(family):
     table, interleaved = _axis_table(rotary)
     assert interleaved == want_interleaved
     assert table.shape == want.shape and torch.equal(table == 0, want == 0)
-    torch.testing.assert_close(table, want, rtol=1e-7, atol=0)  # the module's float32 band, within its rounding
+    torch.testing.assert_close(table, want, rtol=1e-14, atol=0)  # float32 frequencies read back as exact powers
 
 
 def test_axial_table_refuses_a_per_axis_half_split():
@@ -814,3 +814,68 @@ def test_compiled_patched_vision_tower_adds_no_graph_break():
         got = torch.compile(tower)(patches, grid_thw=grid).last_hidden_state
         dynamo.reset()
     _assert_close_logits(got, want)
+
+
+def _ernie_vl_text_config(head_dim: int = 16, section=(3, 3, 2)):
+    from transformers.models.ernie4_5_vl_moe import configuration_ernie4_5_vl_moe as c
+
+    return c.Ernie4_5_VLMoeTextConfig(
+        vocab_size=VOCAB, hidden_size=4 * head_dim, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=head_dim, moe_intermediate_size=[32, 32], moe_k=2, moe_num_experts=4,
+        moe_num_shared_experts=1, mlp_layer_types=["dense", "sparse"], max_position_embeddings=256,
+        rope_parameters=dict(rope_type="default", rope_theta=500000.0, mrope_section=list(section)))
+
+
+def test_ernie_vl_multi_axis_table_read_from_the_module():
+    """ERNIE 4.5 VL's text MRoPE pre-permutes its band so that the first pairs alternate height and width
+    and the last ones take time, which no RopeConfig layout names (from_hf's frequencies disagree with
+    the module's). The table read from the module is that layout written out independently in float64:
+    pair i takes band entry i, on axis 1 + i % 2 (height, width) for i < 22, else axis 0 (time); its
+    float32 frequencies are read back as the exact powers of rope_theta they round."""
+    from transformers.models.ernie4_5_vl_moe import modeling_ernie4_5_vl_moe as m
+    from posenc_native.integrations.transformers.detect import _axis_table
+
+    rotary = m.Ernie4_5_VLMoeTextRotaryEmbedding(_ernie_vl_text_config(head_dim=64, section=(11, 11, 10)))
+    table, interleaved = _axis_table(rotary, axis_last=False)
+    band = _vision_band(500000.0, 64)
+    want = torch.zeros(3, 32, dtype=torch.float64)
+    for i in range(32):
+        want[1 + i % 2 if i < 22 else 0, i] = band[i]
+    assert interleaved
+    torch.testing.assert_close(table, want, rtol=1e-14, atol=0)
+
+
+def test_ernie_vl_text_decoder_is_patched_with_the_module_table():
+    """The whole ERNIE 4.5 VL model (text decoder and vision tower): [3, B, S] ids that differ per axis
+    give the unpatched hidden states, which the axes are checked to move."""
+    from transformers.models.ernie4_5_vl_moe import configuration_ernie4_5_vl_moe as c
+
+    cfg = c.Ernie4_5_VLMoeConfig(text_config=_ernie_vl_text_config().to_dict(),
+                                 vision_config=dict(depth=1, hidden_size=64, intermediate_size=128, num_heads=4,
+                                                    patch_size=4, spatial_merge_size=2, out_hidden_size=64))
+    torch.manual_seed(0)
+    model = transformers.AutoModel.from_config(cfg, attn_implementation="eager", dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(8)
+    ids = torch.randint(3, VOCAB, (2, 14), generator=g)
+    pos = torch.randint(0, 40, (3, 2, 14), generator=g)
+    with torch.no_grad():
+        want = model(input_ids=ids, position_ids=pos).last_hidden_state
+        moved = model(input_ids=ids, position_ids=pos[[0, 2, 1]]).last_hidden_state
+        assert (want - moved).abs().max().item() > 1e-3  # height and width are not interchangeable
+        hfi.patch(model)
+        notes = hfi.describe(model)
+        assert "multi-axis table of 3 axes (read from the module" in notes and "swap vision_tower.rotary_pos_emb" in notes
+        got = model(input_ids=ids, position_ids=pos).last_hidden_state
+    _assert_close_logits(got, want)
+
+
+def test_exact_frequencies_only_for_a_band_of_powers():
+    """A float32 band 1 / theta ** (2j / w) is read back as float64 powers of theta; a scaled band (a
+    linear factor of 3) is not one, and stays as it is: the table never mixes the two."""
+    from posenc_native.integrations.transformers.detect import _exact_frequencies
+
+    for theta, width in ((10000.0, 64), (500000.0, 128), (1e6, 80)):
+        band = _vision_band(theta, width)
+        torch.testing.assert_close(_exact_frequencies(band.float().double(), theta), band, rtol=1e-14, atol=0)
+        scaled = (band / 3).float().double()
+        assert torch.equal(_exact_frequencies(scaled, theta), scaled)

@@ -37,6 +37,7 @@ MODEL_TYPES = (
     'emu3',
     'ernie4_5',
     'ernie4_5_moe',
+    'ernie4_5_vl_moe',
     'ernie4_5_vl_moe_vision',
     'esm',
     'esmc',

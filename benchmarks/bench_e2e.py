@@ -5,13 +5,16 @@
     python benchmarks/bench_e2e.py --device cuda --dtype bfloat16
     python benchmarks/bench_e2e.py --quick               # 256-token prefill, 8 new tokens: a smoke run
     python benchmarks/bench_e2e.py --only gemma2 mixtral
+    python benchmarks/bench_e2e.py --only qwen3-vl-tower # a vision tower's forward on one image
 
 Each model (random weights, built from its config class, nothing downloaded) runs a prefill of
 ``--prefill`` tokens (batch 1) and a greedy generation of ``--new`` tokens after it (KV cache),
 unpatched and then patched (:func:`posenc_native.integrations.transformers.patch`), alternating
 ``--repeat`` times; the table shows the median wall times and ratio = patched / unpatched. The
-generated tokens of both paths are compared (``same tokens``). Speed is measured here, never
-asserted in tests.
+generated tokens of both paths are compared (``same tokens``). ``qwen3-vl-tower`` is a Qwen3-VL
+vision tower (Qwen3-VL's widths, 4 blocks) running one image of ``--grid`` x ``--grid`` patches:
+its axial rotary (``[N, 2]`` height/width ids) patched vs its own, and the outputs' largest
+difference. Speed is measured here, never asserted in tests.
 """
 from __future__ import annotations
 
@@ -100,6 +103,44 @@ def run(name: str, args, device: torch.device, dtype: torch.dtype) -> dict:
                 same=bool(torch.equal(tokens[False], tokens[True])))
 
 
+TOWER = "qwen3-vl-tower"
+
+
+def run_tower(args, device: torch.device, dtype: torch.dtype) -> dict:
+    import transformers
+
+    from posenc_native.integrations import transformers as hfi
+
+    cfg = transformers.Qwen3VLVisionConfig(depth=4, hidden_size=1152, intermediate_size=4304, num_heads=16,
+                                           patch_size=16, temporal_patch_size=2, spatial_merge_size=2,
+                                           out_hidden_size=2048, num_position_embeddings=2304,
+                                           deepstack_visual_indexes=[1])
+    torch.manual_seed(0)
+    tower = transformers.models.qwen3_vl.modeling_qwen3_vl.Qwen3VLVisionModel._from_config(
+        cfg, attn_implementation="sdpa", dtype=dtype).to(device).eval()
+    grid = torch.tensor([[1, args.grid, args.grid]], device=device)
+    g = torch.Generator().manual_seed(1)
+    patches = torch.randn(args.grid * args.grid, 3 * 2 * 16 * 16, generator=g).to(device, dtype)
+
+    def forward():
+        return tower(patches, grid_thw=grid).last_hidden_state
+
+    times: dict = {False: [], True: []}
+    out = {}
+    for rep in range(args.repeat + 1):  # the first round warms up
+        for patched in (False, True):
+            if patched:
+                hfi.patch(tower)
+            t, out[patched] = _timed(forward, device)
+            if patched:
+                hfi.unpatch(tower)
+            if rep:
+                times[patched].append(t)
+    diff = (out[True].float() - out[False].float()).abs().max().item()
+    return dict(unpatched=1e3 * statistics.median(times[False]), patched=1e3 * statistics.median(times[True]),
+                diff=diff, scale=out[False].float().abs().max().item())
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu")
@@ -108,19 +149,20 @@ def main(argv=None) -> int:
     p.add_argument("--new", type=int, default=64)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
-    p.add_argument("--quick", action="store_true", help="256-token prefill, 8 new tokens, 1 repeat")
+    p.add_argument("--quick", action="store_true", help="256-token prefill, 8 new tokens, 16x16 patches, 1 repeat")
     p.add_argument("--only", nargs="*", default=None, help="models: " + " ".join(["llama-yarn", "gemma2", "olmo2",
-                                                                                  "mixtral"]))
+                                                                                  "mixtral", TOWER]))
+    p.add_argument("--grid", type=int, default=48, help=f"{TOWER}: patches per image side (48: 2304 patches)")
     args = p.parse_args(argv)
     if args.quick:
-        args.prefill, args.new, args.repeat = 256, 8, 1
+        args.prefill, args.new, args.repeat, args.grid = 256, 8, 1, 16
     if args.threads:
         torch.set_num_threads(args.threads)
     import transformers
 
     transformers.logging.set_verbosity_error()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    names = args.only or list(_configs())
+    names = args.only or [*_configs(), TOWER]
     print("command:  python benchmarks/bench_e2e.py " + " ".join(argv if argv is not None else sys.argv[1:]))
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
     print(f"machine:  {platform.machine()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, "
@@ -139,12 +181,20 @@ def main(argv=None) -> int:
     print(head)
     print("-" * len(head))
     for name in names:
+        if name == TOWER:
+            continue
         r = run(name, args, device, dtype)
         (pu, pp), (gu, gp) = r["prefill"], r["generate"]
         # decode time per token: generation minus its own prefill, over the new tokens
         du, dp = (gu - pu) / args.new, (gp - pp) / args.new
         print(f"{name:12s} {pu:11.1f} {pp:9.1f} {pp / pu:6.2f}   {gu:11.1f} {gp:9.1f} {gp / gu:6.2f}  {du:8.2f} "
               f"{dp:8.2f}  {'yes' if r['same'] else 'NO'}", flush=True)
+    if TOWER in names:
+        r = run_tower(args, device, dtype)
+        print(f"\n{TOWER}: Qwen3-VL vision widths (hidden 1152, 16 heads of 72, rotary pairs height then width), "
+              f"4 blocks, one image of {args.grid}x{args.grid} patches, {args.dtype}, {device}; median of {args.repeat}")
+        print(f"forward ms {r['unpatched']:.1f}, patched {r['patched']:.1f}, ratio {r['patched'] / r['unpatched']:.2f}; "
+              f"outputs differ by at most {r['diff']:.2g} (largest output {r['scale']:.3g})", flush=True)
     return 0
 
 

@@ -140,3 +140,20 @@ def test_micro_benchmark_builds_with_its_documented_command(name, tmp_path):
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=BENCH.parent.parent)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "micro").stat().st_size > 0
+
+
+E2E = BENCH.parent / "bench_e2e.py"
+
+
+@pytest.mark.skipif(not E2E.exists(), reason="benchmarks/ not in this tree")
+def test_bench_e2e_quick_vision_tower():
+    """bench_e2e.py's vision tower case runs (16x16 patches) and its patched outputs agree with the
+    unpatched ones it reports."""
+    pytest.importorskip("transformers")
+    proc = subprocess.run([sys.executable, str(E2E), "--quick", "--only", "qwen3-vl-tower"], capture_output=True,
+                          text=True, timeout=600, env=dict(os.environ), cwd=E2E.parent.parent)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("forward ms"))
+    diff = float(line.split("differ by at most ")[1].split(" ")[0])
+    scale = float(line.split("largest output ")[1].rstrip(")"))
+    assert diff <= 1e-4 * max(1.0, scale), line

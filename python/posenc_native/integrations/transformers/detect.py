@@ -75,6 +75,9 @@ class Plan:
     rotaries: list[RotaryPlan] = field(default_factory=list)
     rotations: dict[tuple[str, str], RotationSpec] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)  # what was left alone, and why
+    # (module path, method) of model methods that select rows of cos/sin (Qwen2.5-VL's window order):
+    # overridden on the instance to select the handle's ids instead (runtime.RowSelection)
+    row_methods: list[tuple[str, str]] = field(default_factory=list)
 
     def describe(self) -> str:
         lines = [f"model type {self.model_type!r}:"]
@@ -84,6 +87,8 @@ class Plan:
                              + g.summary())
                 for (mod, name), pairing in g.routes.items():
                     lines.append(f"    through {mod.rsplit('.', 1)[-1]}.{name}: {pairing.name}")
+        lines += [f"  select rows of the ids where {path or '<model>'}.{name} selects rows of cos/sin"
+                  for path, name in self.row_methods]
         lines += [f"  leave {s}" for s in self.skipped]
         return "\n".join(lines)
 
@@ -590,6 +595,35 @@ def _consumer(ins: list, at: int) -> Optional[int]:
 _ITEM_MISUSE = _MISUSE | {"BUILD_LIST", "BUILD_TUPLE", "LIST_APPEND"}
 
 
+def _row_method(ins: list, at: int) -> Optional[str]:
+    """For ``ins[at]`` loading ``position_embeddings`` into a generator expression: the name of the
+    method of ``self`` that each item is handed to as its first argument and nothing else is done with
+    (``self.permute_input_for_window_attn(freq, window_index, seq_len=seq_len) for freq in
+    position_embeddings``), else None."""
+    if at < 2 or ins[at - 1].opname != "MAKE_FUNCTION" or not isinstance(ins[at - 2].argval, types.CodeType):
+        return None
+    body = list(dis.get_instructions(ins[at - 2].argval))
+    item = next((b.argval for a, b in zip(body, body[1:]) if a.opname == "FOR_ITER" and b.opname == "STORE_FAST"), None)
+    uses = [i for i, x in enumerate(body) if x.opname.startswith("LOAD_FAST") and x.argval == item]
+    if item is None or len(uses) != 1 or uses[0] < 2:
+        return None
+    owner, method = body[uses[0] - 2], body[uses[0] - 1]
+    if owner.argval != "self" or not owner.opname.startswith("LOAD_") or method.opname not in ("LOAD_METHOD", "LOAD_ATTR"):
+        return None
+    return method.argval
+
+
+def _row_methods(cls: type) -> set[str]:
+    """Methods of ``cls`` its forward hands each item of ``position_embeddings`` to (:func:`_row_method`)."""
+    code = _forward_code(cls)
+    if code is None:
+        return set()
+    ins = list(dis.get_instructions(code))
+    return {name for at, (a, b) in enumerate(zip(ins, ins[1:]))
+            if a.opname.startswith("LOAD_FAST") and a.argval == "position_embeddings" and b.opname == "GET_ITER"
+            and (name := _row_method(ins, at)) is not None}
+
+
 def _handle_misuse(cls: type) -> Optional[str]:
     code = _forward_code(cls)
     if code is None:
@@ -602,8 +636,10 @@ def _handle_misuse(cls: type) -> Optional[str]:
         # `cos = position_embeddings[0]` holds it too; anything else done with the item (MLCD's
         # `torch.cat([..., position_embeddings[0]])`, `position_embeddings[0].unsqueeze(0)`) treats it as a tensor
         if a.opname.startswith("LOAD_FAST") and a.argval == "position_embeddings" and b.opname == "GET_ITER":
-            # `tuple(f(t) for t in position_embeddings)`: Qwen2.5-VL's vision tower reorders cos/sin rows by window
-            return f"{cls.__name__}.forward iterates over position_embeddings, handing each item to other code"
+            # `tuple(self.m(t, ...) for t in position_embeddings)` (Qwen2.5-VL's window order) is taken over by
+            # a row selection (:func:`_row_methods`); any other iteration hands the handle to unknown code
+            if _row_method(ins, at) is None:
+                return f"{cls.__name__}.forward iterates over position_embeddings, handing each item to other code"
         use = _consumer(ins, at) if a.opname.startswith("LOAD_FAST") and a.argval == "position_embeddings" else None
         if use is not None and ins[use].opname == "BINARY_SUBSCR" and use + 1 < len(ins):
             after = ins[use + 1]
@@ -692,5 +728,6 @@ def plan(model: nn.Module, model_type: str, check: bool) -> Plan:
     if not result.rotaries or not result.rotations:
         why = "; ".join(reasons + result.skipped) or "nothing to swap"
         raise UnsupportedModelError(f"{_ERR}: model type {model_type!r} cannot be patched with proven equality: {why}")
+    result.row_methods = [(n, name) for n, m in model.named_modules() if _is_hf(m) for name in sorted(_row_methods(type(m)))]
     result.skipped[:0] = reasons
     return result

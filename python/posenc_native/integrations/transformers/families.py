@@ -78,16 +78,19 @@ def _plan_part(model: nn.Module, record: "PatchRecord", check: bool, path: str):
     if path:
         for r in p.rotaries:
             r.path = f"{path}.{r.path}"
+        p.row_methods = [(f"{path}.{m}" if m else path, name) for m, name in p.row_methods]
     return p
 
 
 def _swap(model: nn.Module, record: "PatchRecord", p) -> None:
-    from .runtime import PosencRotaryEmbedding
+    from .runtime import PosencRotaryEmbedding, RowSelection
 
     for (module_name, name), spec in p.rotations.items():
         record.route(module_name, name, spec)
     for r in p.rotaries:
         record.swap_module(model, r.path, PosencRotaryEmbedding(r.module, r.regimes, r.complex_table))
+    for path, name in p.row_methods:
+        record.override(model, path, name, RowSelection(getattr(model.get_submodule(path), name)))
 
 
 def generic(model: nn.Module, record: "PatchRecord", check: bool, path: str = "") -> None:

@@ -115,6 +115,38 @@ class RotaryPositions:
                 + ("" if self.pair_axes is None else f", axes={self.inv_freq.shape[0]}") + ")")
 
 
+class RowSelection:
+    """Stands in, on one module instance, for a model method that selects rows of cos/sin (Qwen2.5-VL's
+    tower puts them in window order: ``self.permute_input_for_window_attn(freq, window_index, seq_len)``
+    for each of cos and sin). Tensors go to the method as before; a handle of per-token ids (an axial
+    tower's ``[A, 1, N]``) gets the same rows of its ids, which the method's own code decides: it is run
+    on the row numbers ``[N, 1]``, and its result is checked to be a selection of rows (the same method
+    on random ``[N, 3]`` values must return those rows of them), else it refuses."""
+
+    def __init__(self, method):
+        self.method = method
+
+    def __call__(self, table, *args, **kwargs):
+        if not isinstance(table, RotaryPositions):
+            return self.method(table, *args, **kwargs)
+        pos = table.positions
+        name = getattr(self.method, "__name__", "the method")
+        if pos.dim() != 3 or pos.shape[1] != 1:
+            raise UnsupportedModelError(f"{_ERR}: {name} selects rows of rotary positions {tuple(pos.shape)}, not of an "
+                                        "axial tower's [axes, 1, tokens] ids; unpatch the model")
+        n = pos.shape[-1]
+        rows = self.method(torch.arange(n, dtype=torch.float64, device=pos.device)[:, None], *args, **kwargs)
+        values = torch.rand(n, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(pos.device)
+        picked = self.method(values, *args, **kwargs)
+        index = rows.reshape(-1).long() if isinstance(rows, torch.Tensor) and rows.dim() == 2 and rows.shape[1] == 1 else None
+        if (index is None or not torch.equal(rows.reshape(-1), index.to(rows.dtype)) or index.numel() == 0
+                or int(index.min()) < 0 or int(index.max()) >= n or not isinstance(picked, torch.Tensor)
+                or not torch.equal(picked, values[index])):
+            raise UnsupportedModelError(f"{_ERR}: {name} does more to cos/sin than select rows of them; unpatch the model")
+        return RotaryPositions(pos[..., index], table.inv_freq, table.attention_factor, table.interleaved,
+                               table.routes, table.pair_axes)
+
+
 class Regime:
     """The frequencies of one rotary configuration (one layer type) and how they follow the sequence
     length: ``static``; ``dynamic`` (NTK, mirroring transformers' growth/reset state); ``longrope``

@@ -779,17 +779,21 @@ def test_patched_axial_rotary_refuses_positions_it_was_not_proven_for():
 
 
 def test_vision_towers_that_treat_the_handle_as_a_tensor_are_refused():
-    """Forwards that hand cos/sin to other code are read from their bytecode: Qwen2.5-VL's tower reorders
-    their rows by window (it iterates over ``position_embeddings``), MLCD concatenates a class token's
-    row (``torch.cat([..., position_embeddings[0]])``). ``position_embeddings[layer_type]`` passed on
-    (Step 3.7) is not refused."""
+    """Forwards that hand cos/sin to other code are read from their bytecode: Qwen4-exp's attention slices
+    each of them (it iterates over ``position_embeddings``), MLCD concatenates a class token's row
+    (``torch.cat([..., position_embeddings[0]])``). ``position_embeddings[layer_type]`` passed on (Step
+    3.7) is not refused, nor is each item handed to a method of the module alone (Qwen2.5-VL's window
+    order), which becomes a row selection of the ids."""
     from transformers.models.mlcd import modeling_mlcd
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
+    from transformers.models.qwen4_exp import modeling_qwen4_exp
     from transformers.models.step3p7 import modeling_step3p7
-    from posenc_native.integrations.transformers.detect import _handle_misuse
+    from posenc_native.integrations.transformers.detect import _handle_misuse, _row_methods
 
-    assert "iterates over position_embeddings" in _handle_misuse(
-        modeling_qwen2_5_vl.Qwen2_5_VisionTransformerPretrainedModel)
+    assert "iterates over position_embeddings" in _handle_misuse(modeling_qwen4_exp.Qwen4ExpTextAttention)
+    assert _row_methods(modeling_qwen4_exp.Qwen4ExpTextAttention) == set()
+    tower = modeling_qwen2_5_vl.Qwen2_5_VisionTransformerPretrainedModel
+    assert _handle_misuse(tower) is None and _row_methods(tower) == {"permute_input_for_window_attn"}
     assert "uses an item of position_embeddings as a tensor" in _handle_misuse(modeling_mlcd.MLCDVisionModel)
     assert "uses an item of position_embeddings as a tensor" in _handle_misuse(modeling_mlcd.MLCDAttention)
     assert _handle_misuse(modeling_step3p7.Step3p7TextModel) is None
@@ -879,3 +883,54 @@ def test_exact_frequencies_only_for_a_band_of_powers():
         torch.testing.assert_close(_exact_frequencies(band.float().double(), theta), band, rtol=1e-14, atol=0)
         scaled = (band / 3).float().double()
         assert torch.equal(_exact_frequencies(scaled, theta), scaled)
+
+
+def _qwen2_5_vl_tower():
+    from transformers.models.qwen2_5_vl import configuration_qwen2_5_vl as c, modeling_qwen2_5_vl as m
+
+    cfg = c.Qwen2_5_VLVisionConfig(depth=2, hidden_size=64, intermediate_size=128, num_heads=4, out_hidden_size=64,
+                                   patch_size=4, temporal_patch_size=2, spatial_merge_size=2, window_size=16,
+                                   fullatt_block_indexes=[1])
+    torch.manual_seed(0)
+    return m.Qwen2_5_VisionTransformerPretrainedModel._from_config(cfg, attn_implementation="eager").eval()
+
+
+def test_window_ordered_vision_tower_selects_rows_of_its_ids(monkeypatch):
+    """Qwen2.5-VL's tower puts cos/sin rows in window order with a method of its own
+    (``permute_input_for_window_attn``); patched, that method selects the same rows of the handle's ids,
+    as its own code decides (it is run on the row numbers). Windows of 2x2 merged patches make the order
+    differ from the raster one, and it matters: without the selection the outputs move."""
+    from transformers.vision_utils import get_vision_window_index
+    from posenc_native.integrations.transformers.runtime import RowSelection
+
+    tower = _qwen2_5_vl_tower()
+    grid = torch.tensor([[1, 4, 6], [1, 2, 4]])
+    order, _ = get_vision_window_index(grid, spatial_merge_size=2, window_size=16, patch_size=4)
+    assert not torch.equal(order, torch.arange(order.numel()))  # windows reorder the rows
+    patches = torch.randn(int(grid.prod(-1).sum()), 3 * 2 * 4 * 4, generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        want = tower(patches, grid_thw=grid).last_hidden_state
+        hfi.patch(tower)
+        assert "select rows of the ids where <model>.permute_input_for_window_attn" in hfi.describe(tower)
+        _assert_close_logits(tower(patches, grid_thw=grid).last_hidden_state, want)
+        twin = copy.deepcopy(tower)  # a copy's override selects with the copy's own method
+        assert vars(twin)["permute_input_for_window_attn"].method.__self__ is twin
+        _assert_close_logits(twin(patches, grid_thw=grid).last_hidden_state, want)
+        monkeypatch.setattr(RowSelection, "__call__", lambda self, table, *a, **k: table)  # raster order kept
+        assert (tower(patches, grid_thw=grid).last_hidden_state - want).abs().max().item() > 1e-3
+        monkeypatch.undo()
+        hfi.unpatch(tower)
+        assert "permute_input_for_window_attn" not in vars(tower)
+        assert torch.equal(tower(patches, grid_thw=grid).last_hidden_state, want)
+
+
+def test_row_selection_refuses_a_method_that_does_more():
+    """A method that scales cos/sin (or adds to them) is no row selection: the handle refuses it."""
+    from posenc_native.integrations.transformers.runtime import RotaryPositions, RowSelection
+
+    handle = RotaryPositions(torch.randint(0, 9, (2, 1, 6)), torch.rand(2, 4, dtype=torch.float64), 1.0, False)
+    flipped = RowSelection(lambda t: t.flip(0))(handle)
+    assert torch.equal(flipped.positions, handle.positions.flip(-1))
+    for method in (lambda t: t * 2, lambda t: t + 1, lambda t: t.flip(0).cumsum(0)):
+        with pytest.raises(hfi.UnsupportedModelError, match="more to cos/sin than select rows"):
+            RowSelection(method)(handle)

@@ -300,13 +300,11 @@ def test_patched_text_decoder_matches(model_type):
     patch(model)
     rotary = model.model.language_model.rotary_emb
     assert isinstance(rotary, PosencRotaryEmbedding)
-    tower_rotary = model.model.visual.rotary_pos_emb
-    if model_type == "qwen2_5_vl":  # its tower reorders cos/sin rows by window itself: left as it is
-        assert tower_rotary is vision_rotary
-        assert "the vision tower model.visual included: Qwen2_5_VisionTransformerPretrainedModel" in describe(model)
-    else:  # the tower's axial rotary too: the image logits below go through both
-        assert isinstance(tower_rotary, PosencRotaryEmbedding) and tower_rotary.original is vision_rotary
-        assert "swap model.visual.rotary_pos_emb" in describe(model)
+    tower_rotary = model.model.visual.rotary_pos_emb  # the tower's axial rotary too: the image logits below go through both
+    assert isinstance(tower_rotary, PosencRotaryEmbedding) and tower_rotary.original is vision_rotary
+    assert "swap model.visual.rotary_pos_emb" in describe(model)
+    if model_type == "qwen2_5_vl":  # its tower puts cos/sin rows in window order: the same rows of the ids
+        assert "select rows of the ids where model.visual.permute_input_for_window_attn" in describe(model)
     rope = rotary.rope
     assert rope.mrope_section is not None and rope.mrope_interleaved == model_type.startswith("qwen3")
     assert "MRoPE sections" in describe(model)

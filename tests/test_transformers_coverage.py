@@ -141,10 +141,13 @@ _OVERRIDES: dict[str, dict] = {
     "granite4_vision": dict(downsample_rate="1/2", deepstack_layer_map=[[-1, 0]], spatial_target_layers=[0, 0, 1, 1]),
     # --- their vision / audio towers, sized to the 64-wide text model
     "qwen2_5_omni_audio_encoder": dict(encoder_layers=1, encoder_attention_heads=4, encoder_ffn_dim=128, output_dim=64, num_mel_bins=16),
-    "qwen2_5_omni_vision_encoder": dict(num_heads=4, out_hidden_size=64, fullatt_block_indexes=[0]),
+    "qwen2_5_omni_vision_encoder": dict(num_heads=4, out_hidden_size=64, fullatt_block_indexes=[1], depth=2, window_size=56),
     "qwen3_omni_moe_audio_encoder": dict(encoder_layers=1, encoder_attention_heads=4, encoder_ffn_dim=128, output_dim=64,
                                          num_mel_bins=16, downsample_hidden_size=16),
     "qwen3_omni_moe_vision_encoder": dict(num_heads=4, out_hidden_size=64, deepstack_visual_indexes=[0], num_position_embeddings=64),
+    # windowed towers: windows of 2x2 merged patches, so the images' rows (and cos/sin's) are put in window order
+    "qwen2_5_vl_vision": dict(window_size=56),
+    "exaone4_5_vision": dict(window_size=56),
     # vision towers whose head count the shared sizes leave inconsistent with their width (heads of 16 dims)
     "qwen2_vl_vision": dict(embed_dim=64, num_heads=4),
     "glm4v_vision": dict(num_heads=4),

@@ -243,12 +243,12 @@ class AxisTableRegime:
 
     mode = "static"
     rope = None  # no RopeConfig describes an arbitrary per-pair table
-    rope_type = "axial"
 
     def __init__(self, table: torch.Tensor, interleaved: bool, attention_factor: float, axis_last: bool = True,
                  source: str = "from the module's own inv_freq"):
         self.table = table.detach().to("cpu", torch.float64).contiguous()
         self.axis_last = bool(axis_last)
+        self.rope_type = "axial" if self.axis_last else "default"  # transformers' name of what was read
         self.source = source
         self.interleaved = bool(interleaved)
         self.attention_factor = float(attention_factor)

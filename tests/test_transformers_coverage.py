@@ -25,6 +25,7 @@ python/posenc_native/integrations/transformers/verified.py (what ``supported_mod
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import importlib
@@ -441,11 +442,14 @@ _GRID = ((1, 4, 6), (1, 2, 4))
 
 def _tower_inputs(tower) -> dict:
     params = list(inspect.signature(tower.forward).parameters)
-    if "grid_thw" not in params:  # SAM 3's tower takes whole images at its own (large) size, Pixtral image sizes
-        raise ValueError(f"the harness feeds packed patches with grid_thw; {type(tower).__name__}.forward takes "
-                         f"({', '.join(params)})")
     layers = [(n, m) for n, m in tower.named_modules() if isinstance(m, (torch.nn.Conv3d, torch.nn.Conv2d, torch.nn.Linear))]
     embed = next((m for n, m in layers if "patch" in n), layers[0][1])  # the patch embedding, else the first layer
+    if params == ["pixel_values", "kwargs"] and isinstance(embed, torch.nn.Conv2d):  # Step 3.7: whole images
+        p, q = embed.kernel_size
+        return {"pixel_values": _noise(2, embed.in_channels, 4 * p, 6 * q)}
+    if "grid_thw" not in params:  # Pixtral's image sizes, Gemma 4's pixel positions
+        raise ValueError(f"the harness feeds packed patches with grid_thw or whole images alone; "
+                         f"{type(tower).__name__}.forward takes ({', '.join(params)})")
     width = (embed.in_features if isinstance(embed, torch.nn.Linear)
              else embed.in_channels * int(torch.tensor(embed.kernel_size).prod()))
     grid = torch.tensor(_GRID)
@@ -460,6 +464,21 @@ def _tower_inputs(tower) -> dict:
     if "merge_sizes" in params:  # VideoLLaMA 3
         inputs["merge_sizes"] = torch.tensor([2] * len(_GRID))
     return inputs
+
+
+@contextlib.contextmanager
+def _no_rotation(tower):
+    """The tower with each axial rotary returning cos = 1, sin = 0 (no rotation): how much the outputs
+    depend on the rotary path at all."""
+    rotaries = [m for m in tower.modules() if getattr(m, "rope_type", None) == "axial"]
+    for m in rotaries:
+        m.forward = lambda x, position_ids, own=m.forward: tuple(
+            torch.ones_like(t) if i == 0 else torch.zeros_like(t) for i, t in enumerate(own(x, position_ids)))
+    try:
+        yield
+    finally:
+        for m in rotaries:
+            del m.forward
 
 
 @torch.no_grad()
@@ -487,11 +506,22 @@ def run_vision_tower(family: str):
     if tower is None:
         return None
     mt = tower.config.model_type
+    reason = hfi.check(tower)  # before running it: a refused tower may be large (SAM 3's, at its own image size)
+    if reason is not None:
+        return mt, "refused", _first_line(hfi.UnsupportedModelError(reason))
+    with torch.no_grad():  # sharper attention (q and k x4): with the small random init, where a patch sits
+        for pname, p in tower.named_parameters():  # barely moves the outputs of some towers (Kimi-K2.5's)
+            if p.dim() == 2 and any(k in pname.split(".")[-2] for k in ("q_proj", "k_proj", "qkv")):
+                p.mul_(4.0)
     try:
         inputs = _tower_inputs(tower)
         want = _tower_out(tower, inputs)
+        with _no_rotation(tower):
+            moved = (_tower_out(tower, inputs) - want).abs().max().item()
     except Exception as e:  # noqa: BLE001
         return mt, "not built", _first_line(e)
+    if moved < 100 * LOGIT_ATOL:  # the comparison below could not tell a wrong rotation from a right one
+        return mt, "not built", f"the tower's outputs hardly depend on its rotary path (no rotation moves them by {moved:.1e})"
     try:
         hfi.patch(tower)
     except (hfi.UnsupportedModelError, ValueError) as e:
@@ -510,7 +540,9 @@ def run_vision_tower(family: str):
     finally:
         if hfi.is_patched(tower):
             hfi.unpatch(tower)
-    return mt, "patched", f"{type(tower).__name__} ({name}), images {list(_GRID)}: max abs diff {err:.1e} (last hidden state)"
+    images = "two images of 4x6 patches" if "grid_thw" not in inputs else f"images {list(_GRID)}"
+    return mt, "patched", (f"{type(tower).__name__} ({name}), {images}: max abs diff {err:.1e} (last hidden state; "
+                           f"no rotation moves it by {moved:.1e})")
 
 
 def run_all(families) -> dict[str, tuple[str, str, str]]:
@@ -551,7 +583,9 @@ def write_table(results: dict[str, tuple[str, str, str]], seconds: float, path: 
         "generation (causal LMs), bit-identical outputs after `unpatch()`. **refused**: `patch()` raised "
         "`UnsupportedModelError` with the reason shown. **not built**: no tiny model could be built or run from "
         "the config class alone. Rows **(vision tower)**: the axial vision tower of a vision-language model, patched "
-        "on its own and run on two images of 4x6 and 2x4 patches (the family's row runs the model on token ids).",
+        "on its own and run on two images of 4x6 and 2x4 patches (the family's row runs the model on token ids), "
+        "its q/k projections scaled x4 for sharper attention; **not built** too where removing the rotation "
+        "(cos = 1, sin = 0) moves its outputs by less than 1e-2, since the comparison could not tell rotations apart.",
         "",
         f"{len(results)} rows ({sum(1 for f in results if not f.endswith('(vision tower)'))} families and "
         f"{sum(1 for f in results if f.endswith('(vision tower)'))} vision towers): {counts['patched']} patched, "

@@ -528,8 +528,9 @@ def run_vision_tower(family: str):
         return mt, "refused", _first_line(e)
     try:
         err = (_tower_out(tower, inputs) - want).abs().max().item()
-        if not err <= LOGIT_ATOL:
-            return mt, "WRONG", f"patched outputs differ by {err:.3g}"
+        scale = max(1.0, want.abs().max().item())  # float32 rounding grows with the outputs (up to ~50 here)
+        if not err <= LOGIT_ATOL * scale:
+            return mt, "WRONG", f"patched outputs differ by {err:.3g} (outputs up to {scale:.3g})"
         if err == 0.0:
             return mt, "not built", "the tower's outputs do not depend on its rotary path"
         hfi.unpatch(tower)
@@ -541,8 +542,8 @@ def run_vision_tower(family: str):
         if hfi.is_patched(tower):
             hfi.unpatch(tower)
     images = "two images of 4x6 patches" if "grid_thw" not in inputs else f"images {list(_GRID)}"
-    return mt, "patched", (f"{type(tower).__name__} ({name}), {images}: max abs diff {err:.1e} (last hidden state; "
-                           f"no rotation moves it by {moved:.1e})")
+    return mt, "patched", (f"{type(tower).__name__} ({name}), {images}: max abs diff {err:.1e} (last hidden state, "
+                           f"values up to {scale:.2g}; no rotation moves it by {moved:.1e})")
 
 
 def run_all(families) -> dict[str, tuple[str, str, str]]:
@@ -584,7 +585,8 @@ def write_table(results: dict[str, tuple[str, str, str]], seconds: float, path: 
         "`UnsupportedModelError` with the reason shown. **not built**: no tiny model could be built or run from "
         "the config class alone. Rows **(vision tower)**: the axial vision tower of a vision-language model, patched "
         "on its own and run on two images of 4x6 and 2x4 patches (the family's row runs the model on token ids), "
-        "its q/k projections scaled x4 for sharper attention; **not built** too where removing the rotation "
+        "its q/k projections scaled x4 for sharper attention; patched means within 1e-4 of the unpatched outputs "
+        "relative to their largest value; **not built** too where removing the rotation "
         "(cos = 1, sin = 0) moves its outputs by less than 1e-2, since the comparison could not tell rotations apart.",
         "",
         f"{len(results)} rows ({sum(1 for f in results if not f.endswith('(vision tower)'))} families and "

@@ -317,11 +317,11 @@ def _axis_table(hf_rotary: nn.Module, lt: Optional[str] = None, axis_last: bool 
                                 "(tried 2 and 3 axes)")
 
 
-def _axial_regime(hf_rotary: nn.Module) -> AxisTableRegime:
-    if "layer_type" in signature_params(type(hf_rotary).forward):
-        raise UnsupportedModelError("an axial rotary per layer type")
-    table, interleaved = _axis_table(hf_rotary)
-    return AxisTableRegime(table, interleaved, float(getattr(hf_rotary, "attention_scaling", 1.0) or 1.0))
+def _table_regime(hf_rotary: nn.Module, lt: Optional[str] = None, axis_last: bool = True, **kw) -> AxisTableRegime:
+    """The regime of the table read from ``hf_rotary`` (:func:`_axis_table`), with its attention scaling."""
+    table, interleaved = _axis_table(hf_rotary, lt, axis_last)
+    return AxisTableRegime(table, interleaved, float(_attr(hf_rotary, lt, "attention_scaling") or 1.0),
+                           axis_last=axis_last, **kw)
 
 
 def _regimes(model: nn.Module, path: str, hf_rotary: nn.Module, check: bool) -> dict[Optional[str], Regime]:
@@ -334,7 +334,9 @@ def _regimes(model: nn.Module, path: str, hf_rotary: nn.Module, check: bool) -> 
         if isinstance(fed, torch.Tensor) and fed.is_floating_point():  # SAM 3's rescaled grid coordinates
             raise UnsupportedModelError("the module holding it feeds it floating-point position ids (position_ids, "
                                         "fractional grid coordinates); the fused rotation takes integer positions")
-        return {None: _axial_regime(hf_rotary)}
+        if "layer_type" in signature_params(type(hf_rotary).forward):
+            raise UnsupportedModelError("an axial rotary per layer type")
+        return {None: _table_regime(hf_rotary)}
     for lt in _layer_types(hf_rotary):
         where = f"{path}{'' if lt is None else f' [{lt}]'}"
         rope_type = "default" if _single_regime(hf_rotary) else (
@@ -355,9 +357,7 @@ def _regimes(model: nn.Module, path: str, hf_rotary: nn.Module, check: bool) -> 
             # a multi-axis layout RopeConfig.from_hf does not describe (ERNIE 4.5 VL pre-permutes its band):
             # the module's own table, read and proven as a vision tower's is
             why = str(e).replace(f"{_ERR}: ", "").replace(f"{where}: ", "").split(" (")[0].split("; ")[0]
-            table, interleaved = _axis_table(hf_rotary, lt, axis_last=False)
-            regimes[lt] = AxisTableRegime(table, interleaved, float(_attr(hf_rotary, lt, "attention_scaling") or 1.0),
-                                          axis_last=False, source=f"read from the module, as {why}")
+            regimes[lt] = _table_regime(hf_rotary, lt, axis_last=False, source=f"read from the module, as {why}")
     return regimes
 
 
@@ -471,10 +471,8 @@ def _probe_one(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.M
                                                    layout, 0, False)[0] for t, p in ((q, pos[..., seq - q_seq:]), (k, pos)))
             if pairing.deinterleave:
                 ours = tuple(_deinterleave(t, rotary_dim) for t in ours)
-            for a, b in zip(ours, theirs):
-                if not isinstance(b, torch.Tensor) or a.shape != b.shape or \
-                        (a - b.to(a.dtype)).abs().max().item() > _PROBE_ATOL:
-                    return False
+            if not _same(ours, theirs):
+                return False
         return True
 
     # a "cis" function must match in one layout, which it then keeps; the others in all of theirs
@@ -506,6 +504,8 @@ def _probe_axial(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn
     in: per rank of q (packed ``[N, H, D]``: thd; ``[B, H, N, D]``; ``[B, N, H, D]``) and per
     ``unsqueeze_dim`` the call may pass, since a vision function broadcasts its ``[N, R]`` table in its
     own way. None when no layout matches."""
+    if kind not in ("qk", "x"):
+        return None
     probe = copy.deepcopy(hf_rotary)
     device = probe.inv_freq.device
     g = torch.Generator().manual_seed(4321)
@@ -528,13 +528,9 @@ def _probe_axial(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn
             theirs = fn(q, k, *tables, **kw) if kind == "qk" else (fn(q, *tables, **kw), fn(k, *tables, **kw))
         except Exception:  # noqa: BLE001
             return False
-        ours = handle.rotate(q, k, layout, regime.interleaved)
-        return isinstance(theirs, tuple) and len(theirs) == 2 and all(
-            isinstance(b, torch.Tensor) and a.shape == b.shape and (a - b.to(a.dtype)).abs().max().item() <= _PROBE_ATOL
-            for a, b in zip(ours, theirs))
+        return isinstance(theirs, tuple) and len(theirs) == 2 and _same(handle.rotate(q, k, layout, regime.interleaved),
+                                                                          theirs)
 
-    if kind not in ("qk", "x"):
-        return None
     found = {}
     for layout in ("thd", "bhsd", "bshd"):
         for ud in uds:
@@ -547,6 +543,12 @@ def _probe_axial(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn
     name = f"{pairing.name}, axial table, " + ", ".join(sorted(set(found.values())))
     return dataclasses.replace(pairing, name=name + ("" if wider else ", rotated slice only"), rotary_only=not wider,
                                layouts=tuple(sorted(found.items(), key=str)))
+
+
+def _same(ours: tuple, theirs: tuple) -> bool:
+    """The fused kernel's outputs against a rotation function's, to the probe's tolerance."""
+    return all(isinstance(b, torch.Tensor) and a.shape == b.shape and
+               (a - b.to(a.dtype)).abs().max().item() <= _PROBE_ATOL for a, b in zip(ours, theirs))
 
 
 def _takes_shorter_q(fn: Callable, tables: tuple, batch: int, seq: int, head_dim: int, device: torch.device) -> bool:

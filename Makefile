@@ -31,10 +31,12 @@ test: build
 
 # The wheel file `make test` built (dist/, not rebuilt) in a fresh virtual environment with another
 # torch, the CPU-only 2.13.0 by default, and the test suite there: one wheel serves every torch in
-# the range of pyproject.toml, CUDA build or not (ci/wheel_smoke.sh, WITH_TESTS=1).
+# the range of pyproject.toml, CUDA build or not (ci/wheel_smoke.sh, WITH_TESTS=1). With it the
+# previous transformers release, so the patcher's paths for older modeling code stay tested too.
 SECOND_TORCH ?= torch==2.13.0
+SECOND_TRANSFORMERS ?= transformers==5.23.0
 test-second-torch:
-	WITH_TESTS=1 TORCH_SPEC=$(SECOND_TORCH) PYTHON=$(PYTHON) bash ci/wheel_smoke.sh
+	WITH_TESTS=1 TORCH_SPEC=$(SECOND_TORCH) TRANSFORMERS_SPEC=$(SECOND_TRANSFORMERS) PYTHON=$(PYTHON) bash ci/wheel_smoke.sh
 
 # The CPU op library built with AddressSanitizer and UndefinedBehaviorSanitizer (build/sanitize, its
 # own build dir), and the RoPE, sinusoidal, adversarial, element-by-element and decode fast path (direct entry) tests run

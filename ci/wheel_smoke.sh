@@ -10,7 +10,8 @@
 # temporary folder (its path is printed). Installing torch copies about 5 GB: run it once per wheel.
 # WITH_TESTS=1 also installs the test dependencies (requirements-dev.txt's pins, torch left out) and
 # runs the test suite (tests/, PYTEST_ARGS) against the installed wheel: `make test-second-torch`
-# does this with the CPU-only torch 2.13.0, to show that the one wheel serves other torch versions.
+# does this with the CPU-only torch 2.13.0, to show that the one wheel serves other torch versions,
+# and (TRANSFORMERS_SPEC, in place of requirements-dev.txt's pin) an older transformers.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -55,6 +56,9 @@ if [[ "${WITH_TESTS:-0}" == "1" ]]; then
   # The test dependencies, pinned as for the main run, in the same resolve as torch so that none
   # of them can move torch.
   grep -v -E '^[[:space:]]*torch([=<>!~ ;]|$)' "$here/requirements-dev.txt" > "$work/requirements-tests.txt"
+  if [[ -n "${TRANSFORMERS_SPEC:-}" ]]; then  # another transformers than the pinned one
+    sed -i -E "s/^[[:space:]]*transformers([=<>!~ ;].*)?$/$TRANSFORMERS_SPEC/" "$work/requirements-tests.txt"
+  fi
   echo "== pip install $torch_spec + the test dependencies of requirements-dev.txt"
   "$vpy" -m pip install -q "$torch_spec" -r "$work/requirements-tests.txt"
 else

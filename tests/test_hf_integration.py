@@ -69,6 +69,10 @@ def _config(kind: str):
     if kind == "gpt_neox":
         cfg = {k: v for k, v in _COMMON.items() if k != "tie_word_embeddings"}
         return c.GPTNeoXConfig(**cfg, rotary_pct=0.5, tie_word_embeddings=False)
+    if kind == "codegen":  # GPT-J's attention and table; a rotary module of its own from transformers 5.24
+        return c.CodeGenConfig(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256, n_ctx=256,
+                               rotary_dim=8, bos_token_id=0, eos_token_id=None, initializer_range=0.2,
+                               tie_word_embeddings=False)
     if kind in ("gptj", "gptj-full"):
         return c.GPTJConfig(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256,
                             rotary_dim=16 if kind == "gptj-full" else 8, bos_token_id=0, eos_token_id=None,
@@ -172,6 +176,7 @@ CASES = [
     ("gpt_neox", "eager", 12, (17,)),  # partial rotary
     ("gptj", "eager", 12, (17,)),  # interleaved, partial
     ("gptj-full", "eager", 12, (17,)),  # interleaved, full head
+    ("codegen", "eager", 12, (17,)),  # GPT-J's table and (tensor, sin, cos) rotation, through the generic path
     ("gemma3", "eager", 12, (30,)),  # per-layer-type regimes
     ("cohere", "sdpa", 12, (17,)),
     ("glm", "eager", 12, (17,)),
@@ -186,6 +191,8 @@ CASES = [
 @pytest.mark.parametrize("kind,attn,prompt,lengths", CASES, ids=[c[0] for c in CASES])
 def test_patched_matches_unpatched(kind, attn, prompt, lengths):
     model = _model(kind, attn)
+    if kind == "codegen" and not any(type(m).__name__.endswith("RotaryEmbedding") for m in model.modules()):
+        pytest.skip("this transformers' CodeGen (< 5.24) rotates inside its attention, with no rotary module")
     ref = copy.deepcopy(model)
     ids = _ids(2, prompt)
     want_gen = _generate(ref, ids)
@@ -445,6 +452,41 @@ def test_config_disagreeing_with_the_model_is_refused():
         hfi.patch(model)
     assert not hfi.is_patched(model)
     assert type(model.model.rotary_emb).__name__ == "LlamaRotaryEmbedding"
+
+
+@pytest.mark.parametrize("as_parameter", [True, False], ids=["parameter", "persistent buffer"])
+def test_rotary_module_with_learned_state_is_refused(as_parameter):
+    """A rotary module whose frequencies follow state that loading weights or training changes (Mistral
+    Large 4's LeRoPE: inv_freq * alpha.exp(), alpha a parameter in transformers 5.24 and a persistent
+    buffer before) is refused, even while alpha is 0 and the probe would pass: the fused kernel follows
+    only the config, so the first checkpoint load or optimizer step would go unseen."""
+    from transformers.models.llama import modeling_llama as ml
+
+    class LeRopeRotaryEmbedding(ml.LlamaRotaryEmbedding):
+        def __init__(self, config):
+            super().__init__(config)
+            alpha = torch.zeros_like(self.inv_freq)
+            if as_parameter:
+                self.alpha = torch.nn.Parameter(alpha)
+            else:
+                self.register_buffer("alpha", alpha)
+
+        def forward(self, x, position_ids):
+            freqs = position_ids[..., None].float() * (self.inv_freq * self.alpha.exp())
+            emb = torch.cat((freqs, freqs), dim=-1)
+            return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+    LeRopeRotaryEmbedding.__module__ = ml.__name__  # a transformers module, as the real one is
+    model = _model("llama")
+    model.model.rotary_emb = LeRopeRotaryEmbedding(model.config)
+    ids = _ids(2, 9)
+    before = _logits(model, ids)
+    with pytest.raises(hfi.UnsupportedModelError, match=r"loading weights or training changes \(alpha\)"):
+        hfi.patch(model)
+    assert not hfi.is_patched(model) and type(model.model.rotary_emb) is LeRopeRotaryEmbedding
+    with torch.no_grad():  # what a patch would have missed: alpha moves the model's outputs
+        model.model.rotary_emb.alpha.add_(torch.rand(model.model.rotary_emb.alpha.shape, generator=torch.Generator().manual_seed(2)))
+    assert (_logits(model, ids) - before).abs().max() > 100 * LOGIT_ATOL
 
 
 def test_rotary_positions_cos_sin_matches_transformers():

@@ -368,3 +368,32 @@ def test_a_section_from_hf_that_the_model_does_not_use_is_refused(monkeypatch):
     with pytest.raises(UnsupportedModelError, match="cannot be patched|not reproduced"):
         patch(model)
     assert not isinstance(model.model.language_model.rotary_emb, PosencRotaryEmbedding)
+
+
+def test_hunyuan_v4_vl_layout():
+    """HunYuan V4 VL's text rotary (transformers >= 5.24) assigns pairs round-robin T, H, W as Qwen3-VL
+    does (its own default section when the config omits one) and rotates interleaved pairs (GLM style):
+    from_hf's layout, in every form, against the module's own pair -> axis map."""
+    pytest.importorskip("transformers.models.hy_v4_vl")
+    from transformers.models.hy_v4_vl.configuration_hy_v4_vl import HYV4VLConfig, HYV4VLTextConfig
+    from transformers.models.hy_v4_vl.modeling_hy_v4_vl import HYV4VLRotaryEmbedding
+
+    for rope_dim, section in ((32, [8, 4, 4]), (64, None), (128, "omitted")):
+        params = {"rope_type": "default", "rope_theta": 10000.0}
+        if isinstance(section, list):
+            params["mrope_section"] = section
+        text = HYV4VLTextConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=rope_dim + 16,
+                                qk_rope_head_dim=rope_dim, qk_nope_head_dim=16,
+                                rope_parameters=dict(params, mrope_section=[24, 20, 20]) if section == "omitted"
+                                else params)
+        if section == "omitted":  # as a config.json without it: the module falls back to [24, 20, 20]
+            text.rope_parameters.pop("mrope_section")
+        their = their_axes(HYV4VLRotaryEmbedding, text)
+        sources = [text.to_dict()] if section == "omitted" else [
+            text, text.to_dict(), HYV4VLConfig(text_config=text.to_dict()), HYV4VLConfig(text_config=text.to_dict()).to_dict()]
+        for source in sources:
+            r = RopeConfig.from_hf(source)
+            assert r.rotary_dim == rope_dim and r.interleaved and r.mrope_interleaved
+            assert sum(r.mrope_section) == rope_dim // 2
+            assert our_axes(r) == their and list(r.pair_axes) == their
+        assert len(set(their)) == 3  # every axis feeds some pair

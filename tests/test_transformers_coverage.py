@@ -236,12 +236,26 @@ _SUBCONFIGS = ("text_config", "decoder_config", "language_config", "llm_config",
 
 
 def _rotary_families() -> list[str]:
+    """Families whose modeling code defines a rotary class, and config-only families whose model types
+    transformers builds with such a family's classes (EXAONE: Llama's; Sarvam: DeepSeek V3's, GLM-4 MoE's)."""
     import transformers
+    from transformers.models.auto import configuration_auto as ca
+    from transformers.models.auto import modeling_auto as ma
 
     models = Path(transformers.__file__).parent / "models"
     pattern = re.compile(r"^class \w+RotaryEmbedding\(", re.M)
-    return sorted(d.name for d in models.iterdir()
-                  if d.is_dir() and any(pattern.search(f.read_text()) for f in d.glob("modeling_*.py")))
+    rotary = {d.name for d in models.iterdir()
+              if d.is_dir() and any(pattern.search(f.read_text()) for f in d.glob("modeling_*.py"))}
+    aliases = set()
+    for d in models.iterdir():
+        if not d.is_dir() or d.name in rotary or any(d.glob("modeling_*.py")):
+            continue
+        for mt in (mt for mt in ca.CONFIG_MAPPING_NAMES if ca.model_type_to_module_name(mt) == d.name):
+            name = ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(mt) or ma.MODEL_MAPPING_NAMES.get(mt)
+            cls = getattr(transformers, name, None) if isinstance(name, str) else None
+            if cls is not None and cls.__module__.split(".")[2:3] and cls.__module__.split(".")[2] in rotary:
+                aliases.add(d.name)
+    return sorted(rotary | aliases)
 
 
 def _model_types(family: str) -> list[tuple[str, str]]:
@@ -376,6 +390,8 @@ def _run(model_type: str, kind: str) -> tuple[str, str]:
         hfi.patch(model)
     except (hfi.UnsupportedModelError, ValueError) as e:
         return "refused", _first_line(e)
+    except Exception as e:  # noqa: BLE001  (any other error is a patcher bug: report it, go on with the others)
+        return "WRONG", "patch() failed: " + _first_line(e)
     try:
         got = _out(model, kind, ids)
         err = (got - want).abs().max().item()
@@ -506,7 +522,10 @@ def run_vision_tower(family: str):
     if tower is None:
         return None
     mt = tower.config.model_type
-    reason = hfi.check(tower)  # before running it: a refused tower may be large (SAM 3's, at its own image size)
+    try:
+        reason = hfi.check(tower)  # before running it: a refused tower may be large (SAM 3's, at its own image size)
+    except Exception as e:  # noqa: BLE001
+        return mt, "WRONG", "check() failed: " + _first_line(e)
     if reason is not None:
         return mt, "refused", _first_line(hfi.UnsupportedModelError(reason))
     with torch.no_grad():  # sharper attention (q and k x4): with the small random init, where a patch sits
@@ -526,6 +545,8 @@ def run_vision_tower(family: str):
         hfi.patch(tower)
     except (hfi.UnsupportedModelError, ValueError) as e:
         return mt, "refused", _first_line(e)
+    except Exception as e:  # noqa: BLE001
+        return mt, "WRONG", "patch() failed: " + _first_line(e)
     try:
         err = (_tower_out(tower, inputs) - want).abs().max().item()
         scale = max(1.0, want.abs().max().item())  # float32 rounding grows with the outputs (up to ~50 here)

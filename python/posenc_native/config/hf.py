@@ -44,7 +44,7 @@ def load_hf_dict(source: Union[str, os.PathLike]) -> dict:
 _INTERLEAVED_MODEL_TYPES = frozenset({
     "gptj", "codegen", "roformer", "cohere", "cohere2", "cohere2_moe", "glm", "glm4", "ernie4_5", "ernie4_5_moe",
     "helium", "llama4", "llama4_text", "deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "mistral4",
-    "youtu", "longcat_flash", "glm4_moe_lite", "axk1",
+    "youtu", "longcat_flash", "glm4_moe_lite", "axk1", "hy_v4_vl", "hy_v4_vl_text",
 })
 
 # partial_rotary_factor defaults of transformers' config classes, for config.json dicts that omit it
@@ -59,8 +59,8 @@ _PRF_DEFAULTS = {
 # angle from one of them). Model types whose text rotary module is MRoPE in transformers, with the
 # section it uses when the config omits ``mrope_section`` and its pair layout: Qwen2-VL and Qwen2.5-VL
 # split the pairs into contiguous T | H | W sections (modeling_qwen2_vl.Qwen2VLRotaryEmbedding);
-# Qwen3-VL (and its MoE), Qwen3.5, Qwen3-Omni, Qwen4-exp and Cosmos 3 Edge assign them round-robin T, H, W
-# (Qwen3VLTextRotaryEmbedding), whatever the config's ``mrope_interleaved`` says: their rotary modules do
+# Qwen3-VL (and its MoE), Qwen3.5, Qwen3-Omni, Qwen4-exp, Cosmos 3 Edge and HunYuan V4 VL assign them
+# round-robin T, H, W (Qwen3VLTextRotaryEmbedding, HYV4VLRotaryEmbedding), whatever the config's ``mrope_interleaved`` says: their rotary modules do
 # not read the flag. NeoMME alternates two axes (row, column) over all its pairs (NeoMMERotaryEmbedding),
 # a section that follows the pair count of each layer type. Other model types: the layout the config states
 # (``mrope_section``, ``mrope_interleaved``).
@@ -72,6 +72,7 @@ _MROPE_DEFAULTS: dict[str, tuple[Union[tuple[int, ...], Callable[[int], tuple[in
     **dict.fromkeys(("qwen3_omni_moe", "qwen3_omni_moe_thinker", "qwen3_omni_moe_text", "qwen3_omni_moe_talker_text"),
                     ((24, 20, 20), True)),
     **dict.fromkeys(("qwen4_exp", "qwen4_exp_text"), ((11, 11, 10), True)),
+    **dict.fromkeys(("hy_v4_vl", "hy_v4_vl_text"), ((24, 20, 20), True)),
     "neomme": (lambda pairs: (pairs - pairs // 2, pairs // 2), True),
 }
 

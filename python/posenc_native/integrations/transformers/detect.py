@@ -159,6 +159,35 @@ def _attr(hf_rotary: nn.Module, lt: Optional[str], name: str):
     return getattr(hf_rotary, name if lt is None else f"{lt}_{name}", None)
 
 
+def _sincos_table(hf_rotary: nn.Module) -> Optional[torch.Tensor]:
+    """The table of a module that holds one instead of ``inv_freq`` (GPT-J's and CodeGen's from
+    transformers 5.24): ``embed_positions`` rows ``[sin | cos]`` of ``position * inv_freq``, which its
+    forward gathers by position and splits, returning ``(sin, cos)``."""
+    t = getattr(hf_rotary, "embed_positions", None)
+    if (_attr(hf_rotary, None, "inv_freq") is None and isinstance(t, torch.Tensor) and t.dim() == 2
+            and t.is_floating_point() and t.shape[-1] % 2 == 0):
+        return t
+    return None
+
+
+def _module_inv_freq(hf_rotary: nn.Module, lt: Optional[str]) -> Optional[torch.Tensor]:
+    """The frequencies the module holds: its ``inv_freq``, or those of its sin/cos table (row 1 holds
+    ``sin`` and ``cos`` of each frequency itself; all of them are below pi); meta when not materialised."""
+    buf = _attr(hf_rotary, lt, "inv_freq")
+    table = _sincos_table(hf_rotary) if lt is None else None
+    if buf is not None or table is None:
+        return buf
+    half = table.shape[-1] // 2
+    if table.is_meta or table.shape[0] < 2:
+        return torch.empty(half, device="meta")
+    row = table[1].to(torch.float64)
+    return torch.atan2(row[:half], row[half:])
+
+
+def _device(hf_rotary: nn.Module) -> torch.device:
+    return next(hf_rotary.buffers(), torch.empty(0)).device
+
+
 def _rel_err(ours: torch.Tensor, theirs: torch.Tensor) -> float:
     ours, theirs = ours.detach().to("cpu", torch.float64), theirs.detach().to("cpu", torch.float64)
     if ours.shape != theirs.shape:
@@ -179,7 +208,7 @@ def _check_regime(cfg, hf_rotary: nn.Module, lt: Optional[str], rope: RopeConfig
     """RopeConfig.from_hf against what the model's own module computed (frequencies, attention factor)."""
     theirs = _attr(hf_rotary, lt, "original_inv_freq")
     if theirs is None:
-        theirs = _attr(hf_rotary, lt, "inv_freq")
+        theirs = _module_inv_freq(hf_rotary, lt)
     if not isinstance(theirs, torch.Tensor) or theirs.is_meta:
         return  # nothing materialised to compare with
     rope_type = regime.rope_type
@@ -213,7 +242,7 @@ def _multi_axis(hf_rotary: nn.Module, lt: Optional[str]) -> bool:
     plain rotary module broadcasts ``[axes, B, S]`` to ``[axes, B, S, R]`` (its ``(cos, sin)``, or its
     one complex table)."""
     probe = copy.deepcopy(hf_rotary)
-    device = _attr(probe, lt, "inv_freq").device
+    device = _device(probe)
     x = torch.zeros(2, 5, 8, device=device)
     for axes in (3, 2):
         pos = torch.arange(5, device=device).expand(axes, 2, 5)
@@ -327,6 +356,13 @@ def _table_regime(hf_rotary: nn.Module, lt: Optional[str] = None, axis_last: boo
 def _regimes(model: nn.Module, path: str, hf_rotary: nn.Module, check: bool) -> dict[Optional[str], Regime]:
     cfg = getattr(hf_rotary, "config", None) or model.config
     regimes: dict[Optional[str], Regime] = {}
+    # proven at patch time, then followed only through the config: nothing a checkpoint load or a training
+    # step changes may feed the module (Mistral Large 4's learned per-frequency scale alpha)
+    learned = sorted({n for n, _ in hf_rotary.named_parameters()}
+                     | {n for n in hf_rotary.state_dict() if n.rpartition(".")[2] != "inv_freq"})
+    if learned:
+        raise UnsupportedModelError(f"it holds state that loading weights or training changes ({', '.join(learned)}); "
+                                    "the fused kernel follows only the config's frequencies")
     if getattr(hf_rotary, "rope_type", None) == "axial":  # a vision tower's: its layout is read from the module
         _layer_types(hf_rotary)
         owner = model.get_submodule(path.rpartition(".")[0])
@@ -339,13 +375,16 @@ def _regimes(model: nn.Module, path: str, hf_rotary: nn.Module, check: bool) -> 
         return {None: _table_regime(hf_rotary)}
     for lt in _layer_types(hf_rotary):
         where = f"{path}{'' if lt is None else f' [{lt}]'}"
-        rope_type = "default" if _single_regime(hf_rotary) else (
-            hf_rotary.rope_type if lt is None else hf_rotary.rope_type[lt])
+        rope_type = getattr(hf_rotary, "rope_type", None)
+        if _single_regime(hf_rotary) or (rope_type is None and _sincos_table(hf_rotary) is not None):
+            rope_type = "default"
+        elif lt is not None:
+            rope_type = rope_type[lt]
         if not isinstance(rope_type, str):
-            raise UnsupportedModelError(f"its rope_type is {rope_type!r}")
-        buf = _attr(hf_rotary, lt, "inv_freq")
+            raise UnsupportedModelError("it has no rope_type" if rope_type is None else f"its rope_type is {rope_type!r}")
+        buf = _module_inv_freq(hf_rotary, lt)
         if not isinstance(buf, torch.Tensor):
-            raise UnsupportedModelError("it holds no inv_freq buffer")
+            raise UnsupportedModelError("it holds no inv_freq buffer (nor a sin/cos table, embed_positions)")
         if lt is not None and rope_type not in ("default", "linear", "yarn", "llama3", "proportional"):
             raise UnsupportedModelError(f"rope_type {rope_type!r} per layer type (sequence-length dependent)")
         multi_axis = _multi_axis(hf_rotary, lt)
@@ -364,7 +403,7 @@ def _regimes(model: nn.Module, path: str, hf_rotary: nn.Module, check: bool) -> 
 def _config_regime(cfg, hf_rotary: nn.Module, lt: Optional[str], rope_type: str, multi_axis: bool, check: bool,
                    where: str) -> Regime:
     """The regime :meth:`RopeConfig.from_hf` reads from the module's config, checked against the module."""
-    buf = _attr(hf_rotary, lt, "inv_freq")
+    buf = _module_inv_freq(hf_rotary, lt)
     try:
         rope = RopeConfig.from_hf(cfg, layer_type=lt)
     except (NotImplementedError, ValueError, KeyError, TypeError) as e:
@@ -400,6 +439,8 @@ def _kind(params: tuple[str, ...]) -> Optional[str]:
         return "qk"
     if len(params) >= 3 and params[1:3] == ("cos", "sin"):
         return "x"
+    if len(params) == 3 and params[1:3] == ("sin", "cos"):  # GPT-J, CodeGen: (tensor, sin, cos), [B, S, H, R]
+        return "gptj"
     if len(params) == 3 and "cis" in params[2]:  # (xq, xk, freqs_cis)
         return "cis"
     return None
@@ -419,7 +460,7 @@ def _probe_one(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.M
     function takes the module's one complex table and no ``unsqueeze_dim``: the layout its broadcast
     of the table fits is found here, and travels in the pairing."""
     probe = copy.deepcopy(hf_rotary)  # the module's dynamic state must not move
-    device = _attr(probe, lt, "inv_freq").device
+    device = _device(probe)
     g = torch.Generator().manual_seed(1234)
     batch, seq = 2, 7
     table = isinstance(regime, AxisTableRegime)
@@ -434,11 +475,11 @@ def _probe_one(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.M
                 return None
             tables = (tables,)
         else:
-            cos, sin = tables
-            tables = (cos, sin)
+            first, second = tables  # (cos, sin); GPT-J's (sin, cos), as its attention unpacks and passes them
+            tables = (first, second)
     except Exception:  # noqa: BLE001 - any failure means "not of the supported shape"
         return None
-    inv_freq = _attr(probe, lt, "inv_freq").to(torch.float64)
+    inv_freq = _module_inv_freq(probe, lt).to(device, torch.float64)
     rotary_dim = 2 * inv_freq.shape[-1]
     if table:
         inv_freq, rotary_dim = regime.table.to(device), regime.rotary_dim
@@ -447,7 +488,8 @@ def _probe_one(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.M
             return None
         inv_freq = axis_inv_freq(inv_freq, rope.pair_axes, rope.num_axes)
     af = float(_attr(probe, lt, "attention_scaling") or 1.0)
-    layouts = ("bhsd", "bshd") if "unsqueeze_dim" in params else ("bhsd",)  # what the call may pick
+    # what the call may pick; (tensor, sin, cos) broadcasts its [B, S, R/2] tables over [B, S, H, R]
+    layouts = ("bshd",) if kind == "gptj" else ("bhsd", "bshd") if "unsqueeze_dim" in params else ("bhsd",)
 
     def matches(pairing: Pairing, head_dim: int, layouts: tuple[str, ...] = layouts, q_seq: int = seq) -> bool:
         q0 = torch.randn(batch, 3, q_seq, head_dim, generator=g).to(device)
@@ -507,7 +549,7 @@ def _probe_axial(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn
     if kind not in ("qk", "x"):
         return None
     probe = copy.deepcopy(hf_rotary)
-    device = probe.inv_freq.device
+    device = _device(probe)
     g = torch.Generator().manual_seed(4321)
     seq, axes, r = 7, regime.num_axes, regime.rotary_dim
     pos = torch.randint(0, 40, (seq, axes), generator=g).to(device)
@@ -692,7 +734,8 @@ def plan(model: nn.Module, model_type: str, check: bool) -> Plan:
         if kind is None:
             raise UnsupportedModelError(
                 f"{_ERR}: model type {model_type!r}: {short}, called by an attention with position_embeddings, "
-                f"takes ({', '.join(params)}), not (q, k, cos, sin, ...), (x, cos, sin, ...) or (xq, xk, freqs_cis)")
+                f"takes ({', '.join(params)}), not (q, k, cos, sin, ...), (x, cos, sin, ...), "
+                f"(x, sin, cos) or (xq, xk, freqs_cis)")
         specs[(mod, name)] = RotationSpec(kind, params)
         for path, hf_rotary, regimes in candidates:
             for lt, regime in regimes.items():

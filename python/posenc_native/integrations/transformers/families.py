@@ -151,6 +151,9 @@ class _GPTJRotary:
 def gptj(model: nn.Module, record: "PatchRecord", check: bool) -> None:
     from .detect import _forward_code
 
+    if any(type(m).__name__.endswith("RotaryEmbedding") for m in model.modules()):
+        return generic(model, record, check)  # transformers >= 5.24: a model-level rotary module, as most
+
     rope, module_name = record.rope_config(model), "transformers.models.gptj.modeling_gptj"
     attentions = [(n, m) for n, m in model.named_modules() if type(m).__module__ == module_name
                   and (code := _forward_code(type(m))) is not None

@@ -66,8 +66,8 @@ def make_wrapper(original: Callable, spec: RotationSpec, key: tuple[str, str]) -
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
         h = args[hi] if len(args) > hi else kwargs.get(hname)
-        if spec.kind == "gptj":
-            h = getattr(h, "_posenc_rotary", None)
+        if spec.kind == "gptj":  # the handle, or (transformers < 5.24) the stand-in for GPT-J's table holding it
+            h = getattr(h, "_posenc_rotary", h)
         if not isinstance(h, RotaryPositions):
             return original(*args, **kwargs)
         pairing = h.routes.get(key)

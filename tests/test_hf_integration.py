@@ -16,6 +16,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from posenc_native.config import RopeConfig  # noqa: E402
 from posenc_native.integrations import transformers as hfi  # noqa: E402
 
 transformers.logging.set_verbosity_error()
@@ -487,6 +488,47 @@ def test_rotary_module_with_learned_state_is_refused(as_parameter):
     with torch.no_grad():  # what a patch would have missed: alpha moves the model's outputs
         model.model.rotary_emb.alpha.add_(torch.rand(model.model.rotary_emb.alpha.shape, generator=torch.Generator().manual_seed(2)))
     assert (_logits(model, ids) - before).abs().max() > 100 * LOGIT_ATOL
+
+
+@pytest.mark.parametrize("kind", ["llama", "gptj-full"])
+def test_frequencies_rounded_to_bfloat16_are_patched_exactly(kind):
+    """model.to(torch.bfloat16) casts Llama's inv_freq buffer; GPT-J computes its table's frequencies in
+    the default dtype (bfloat16 when loaded so): the model's own angles then drift with the position.
+    patch() takes them for the config's (within two bfloat16 ulps), proves the rotation with the config's,
+    says so in describe(), and the patched model tracks the float32 model better than the unpatched one."""
+    ref = _model(kind)
+    if kind == "llama":
+        model = copy.deepcopy(ref).to(torch.bfloat16)
+    else:
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(_config(kind), attn_implementation="eager",
+                                                              dtype=torch.bfloat16).eval()
+        model.load_state_dict(ref.state_dict())
+        if not any(type(m).__name__.endswith("RotaryEmbedding") for m in model.modules()):
+            pytest.skip("this transformers' GPT-J (< 5.24) gathers its table inside the attention")
+    name, theirs = next((n, m) for n, m in model.named_modules() if type(m).__name__.endswith("RotaryEmbedding"))
+    assert any(b.dtype == torch.bfloat16 for b in theirs.buffers()) or kind != "llama"
+    pos = torch.arange(0, 250, 7)[None]
+    x = torch.zeros(1, pos.shape[1], 8)  # float32, so the module's cos/sin come back unrounded
+    angles = pos[..., None].double() * RopeConfig.from_hf(model.config).inv_freq()  # the config's, exactly
+    their_cos = theirs(x, pos)[1 if kind != "llama" else 0][..., : angles.shape[-1]].double()  # GPT-J: (sin, cos)
+    ids = _ids(2, 200, seed=5)
+    want = _logits(ref, ids)
+    unpatched = _logits(model, ids)
+    hfi.patch(model)
+    assert "rounded to 16 bits" in hfi.describe(model)
+    handle = model.get_submodule(name)(x, pos)[0]
+    our_cos = handle.cos_sin(torch.float64)[0]
+    our_cos = our_cos[..., 0::2] if handle.interleaved else our_cos[..., : angles.shape[-1]]  # one per pair
+    patched = _logits(model, ids)
+    hfi.unpatch(model)
+    assert (our_cos - angles.cos()).abs().max() < 1e-6 < 1e-3 < (their_cos - angles.cos()).abs().max()
+    # bfloat16 weights add noise of their own to both models: the patched one is compared with the
+    # float32 model relative to the unpatched one, at the positions where rounded angles are off most
+    err_patched = (patched - want)[:, 100:].abs().mean().item()
+    err_unpatched = (unpatched - want)[:, 100:].abs().mean().item()
+    assert err_patched < (0.8 if kind == "llama" else 1.0) * err_unpatched, (err_patched, err_unpatched)
+    assert torch.equal(_logits(model, ids), unpatched)
 
 
 def test_rotary_positions_cos_sin_matches_transformers():

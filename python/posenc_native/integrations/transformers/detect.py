@@ -195,30 +195,58 @@ def _rel_err(ours: torch.Tensor, theirs: torch.Tensor) -> float:
     return ((ours - theirs).abs() / theirs.abs().clamp_min(1e-30)).max().item() if ours.numel() else 0.0
 
 
-def _check_frequencies(what: str, ours: torch.Tensor, theirs: torch.Tensor, where: str) -> None:
+def _check_frequencies(what: str, ours: torch.Tensor, theirs: torch.Tensor, where: str, tol: float = 1e-5) -> None:
     err = _rel_err(ours, theirs)
-    if err > 1e-5:
+    if err > tol:
         raise ValueError(
             f"{_ERR}: {where}: RopeConfig.from_hf's {what} disagree with the model's own rotary embedding (shape "
             f"{tuple(ours.shape)} vs {tuple(theirs.shape)}, max relative difference {err:.3g}); not patching. "
             "Pass check=False to patch anyway.")
 
 
-def _check_regime(cfg, hf_rotary: nn.Module, lt: Optional[str], rope: RopeConfig, regime: Regime, where: str) -> None:
-    """RopeConfig.from_hf against what the model's own module computed (frequencies, attention factor)."""
+# A module's frequencies may be the config's rounded to a 16-bit float: model.to(torch.bfloat16) casts its
+# inv_freq buffer, and GPT-J computes its table's in the default dtype (bfloat16 when loaded so). Within two
+# bfloat16 ulps of the config's, in a static regime, they are taken for those, which the fused op then uses
+# exactly (the unpatched model's angles drift by up to that much of the position).
+_ROUNDED_RTOL = 2.0 ** -7
+
+
+def _base_frequencies(hf_rotary: nn.Module, lt: Optional[str], rope: RopeConfig,
+                      regime: Regime) -> Optional[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(what, the config's, the module's) frequencies before any sequence-length branch; None when the
+    module's are not materialised."""
     theirs = _attr(hf_rotary, lt, "original_inv_freq")
     if theirs is None:
         theirs = _module_inv_freq(hf_rotary, lt)
     if not isinstance(theirs, torch.Tensor) or theirs.is_meta:
+        return None
+    if regime.mode == "dynamic":
+        return "frequencies", rope.inv_freq(seq_len=regime.original_max_seq_len), theirs
+    if regime.mode == "longrope":
+        return "short-factor frequencies", rope.inv_freq(seq_len=regime.original_max_position_embeddings), theirs
+    return "frequencies", rope.inv_freq(seq_len=None), theirs
+
+
+def _set_frequencies(probe: nn.Module, lt: Optional[str], freqs: torch.Tensor) -> None:
+    """Give a copy of a rotary module ``freqs`` in float32: in its inv_freq buffers, or its sin/cos table."""
+    table = _sincos_table(probe) if lt is None else None
+    if table is not None:
+        angles = torch.arange(table.shape[0], dtype=torch.float64)[:, None] * freqs.to("cpu", torch.float64)
+        probe.embed_positions = torch.cat([angles.sin(), angles.cos()], -1).to(table.device, torch.float32)
+        return
+    for name in ("inv_freq", "original_inv_freq"):
+        buf = _attr(probe, lt, name)
+        if isinstance(buf, torch.Tensor):
+            setattr(probe, name if lt is None else f"{lt}_{name}", freqs.to(buf.device, torch.float32))
+
+
+def _check_regime(cfg, hf_rotary: nn.Module, lt: Optional[str], rope: RopeConfig, regime: Regime, where: str) -> None:
+    """RopeConfig.from_hf against what the model's own module computed (frequencies, attention factor)."""
+    base = _base_frequencies(hf_rotary, lt, rope, regime)
+    if base is None:
         return  # nothing materialised to compare with
     rope_type = regime.rope_type
-    if regime.mode == "dynamic":
-        _check_frequencies("frequencies", rope.inv_freq(seq_len=regime.original_max_seq_len), theirs, where)
-    elif regime.mode == "longrope":
-        _check_frequencies("short-factor frequencies", rope.inv_freq(seq_len=regime.original_max_position_embeddings),
-                           theirs, where)
-    else:
-        _check_frequencies("frequencies", rope.inv_freq(seq_len=None), theirs, where)
+    _check_frequencies(*base, where, _ROUNDED_RTOL if regime.rounded else 1e-5)
     if regime.mode != "static":
         # the sequence-length-dependent branch, computed by transformers' own init function
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -425,6 +453,11 @@ def _config_regime(cfg, hf_rotary: nn.Module, lt: Optional[str], rope_type: str,
         raise UnsupportedModelError(f"RopeConfig.from_hf reads an MRoPE layout (mrope_section "
                                     f"{rope.mrope_section}) from its config, but it takes one row of position ids")
     regime = Regime(rope, rope_type, rope.interleaved, hf_rotary, lo)
+    base = _base_frequencies(hf_rotary, lt, rope, regime)
+    if base is not None and regime.mode == "static":
+        err = _rel_err(base[1], base[2])
+        if 1e-5 < err <= _ROUNDED_RTOL:
+            regime.rounded = err
     if check:
         _check_regime(cfg, hf_rotary, lt, rope, regime, where)
     return regime
@@ -461,6 +494,8 @@ def _probe_one(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.M
     of the table fits is found here, and travels in the pairing."""
     probe = copy.deepcopy(hf_rotary)  # the module's dynamic state must not move
     device = _device(probe)
+    if getattr(regime, "rounded", 0.0):  # the rotation is proven with the frequencies the fused op will use
+        _set_frequencies(probe, lt, regime.rope.inv_freq(seq_len=None))
     g = torch.Generator().manual_seed(1234)
     batch, seq = 2, 7
     table = isinstance(regime, AxisTableRegime)

@@ -149,7 +149,7 @@ class _GPTJRotary:
 
 
 def gptj(model: nn.Module, record: "PatchRecord", check: bool) -> None:
-    from .detect import _forward_code
+    from .detect import _ROUNDED_RTOL, _forward_code
 
     if any(type(m).__name__.endswith("RotaryEmbedding") for m in model.modules()):
         return generic(model, record, check)  # transformers >= 5.24: a model-level rotary module, as most
@@ -177,7 +177,7 @@ def gptj(model: nn.Module, record: "PatchRecord", check: bool) -> None:
         if isinstance(table, torch.Tensor) and not table.is_meta and table.shape[0] > 1:
             theirs = table[1, : table.shape[-1] // 2].to("cpu", torch.float64)  # sin(1 * inv_freq)
             ours = torch.sin(rope.inv_freq_on("cpu"))
-            if ours.shape != theirs.shape or not torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6):
+            if ours.shape != theirs.shape or not torch.allclose(ours, theirs, rtol=_ROUNDED_RTOL, atol=1e-6):
                 raise ValueError(f"{_ERR}: RopeConfig.from_hf's frequencies disagree with GPT-J's own sin/cos "
                                  "table; not patching. Pass check=False to patch anyway.")
         if float(rope.attention_factor) != 1.0:

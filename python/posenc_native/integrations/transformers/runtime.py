@@ -159,6 +159,9 @@ class Regime:
         self.attention_factor = float(rope.attention_factor)
         self.interleaved = bool(interleaved)
         self.routes: dict = {}  # (module, function) -> Pairing, filled by detect.plan
+        # > 0: the model's own frequencies are the config's rounded to 16 bits (up to this relative error);
+        # the fused op uses the config's, exactly (detect._ROUNDED_RTOL)
+        self.rounded = 0.0
         self._update_lock = threading.Lock()
         if "dynamic" in rope_type:  # transformers' test in dynamic_rope_update
             self.mode = "dynamic"
@@ -186,6 +189,7 @@ class Regime:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("rounded", 0.0)  # pickled by a version without it
         self._update_lock = threading.Lock()
 
     @property
@@ -196,7 +200,9 @@ class Regime:
         mrope = self.rope.mrope_section
         return (f"{self.rope_type}, rotary_dim {self.rotary_dim}, attention_factor {self.attention_factor:g}"
                 + ("" if mrope is None else f", MRoPE sections {list(mrope)} "
-                   f"({'interleaved' if self.rope.mrope_interleaved else 'contiguous'})"))
+                   f"({'interleaved' if self.rope.mrope_interleaved else 'contiguous'})")
+                + ("" if not self.rounded else f", the model's own frequencies rounded to 16 bits (up to "
+                   f"{self.rounded:.2g} off): the config's exact ones used"))
 
     def _update_dynamic(self, position_ids: torch.Tensor) -> int:
         # Mirrors transformers' dynamic_frequency_update: grow past the longest sequence seen, reset

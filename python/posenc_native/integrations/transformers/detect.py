@@ -206,8 +206,8 @@ def _check_frequencies(what: str, ours: torch.Tensor, theirs: torch.Tensor, wher
 
 # A module's frequencies may be the config's rounded to a 16-bit float: model.to(torch.bfloat16) casts its
 # inv_freq buffer, and GPT-J computes its table's in the default dtype (bfloat16 when loaded so). Within two
-# bfloat16 ulps of the config's, in a static regime, they are taken for those, which the fused op then uses
-# exactly (the unpatched model's angles drift by up to that much of the position).
+# bfloat16 ulps of the config's, they are taken for those, which the fused op then uses exactly (the
+# unpatched model's angles drift by up to that much of the position).
 _ROUNDED_RTOL = 2.0 ** -7
 
 
@@ -454,7 +454,7 @@ def _config_regime(cfg, hf_rotary: nn.Module, lt: Optional[str], rope_type: str,
                                     f"{rope.mrope_section}) from its config, but it takes one row of position ids")
     regime = Regime(rope, rope_type, rope.interleaved, hf_rotary, lo)
     base = _base_frequencies(hf_rotary, lt, rope, regime)
-    if base is not None and regime.mode == "static":
+    if base is not None:
         err = _rel_err(base[1], base[2])
         if 1e-5 < err <= _ROUNDED_RTOL:
             regime.rounded = err
@@ -495,7 +495,7 @@ def _probe_one(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.M
     probe = copy.deepcopy(hf_rotary)  # the module's dynamic state must not move
     device = _device(probe)
     if getattr(regime, "rounded", 0.0):  # the rotation is proven with the frequencies the fused op will use
-        _set_frequencies(probe, lt, regime.rope.inv_freq(seq_len=None))
+        _set_frequencies(probe, lt, _base_frequencies(probe, lt, regime.rope, regime)[1])
     g = torch.Generator().manual_seed(1234)
     batch, seq = 2, 7
     table = isinstance(regime, AxisTableRegime)

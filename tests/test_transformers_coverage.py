@@ -89,6 +89,9 @@ _OVERRIDES: dict[str, dict] = {
     "dbrx": dict(n_layers=2, n_heads=4, max_seq_len=256, attn_config=dict(kv_n_heads=2, clip_qkv=8.0, rope_theta=500000.0),
                  ffn_config=dict(ffn_hidden_size=128), rope_parameters=dict(rope_type="default", rope_theta=500000.0)),
     "ernie4_5_moe": dict(moe_k=2),  # top-k within the 4 experts
+    # a looped model: input, recurrent and output layers must add up to num_hidden_layers (defaults 8 + 20 + 8)
+    "dory": dict(num_hidden_layers=3, n_input_layers=1, n_recurrent_layers=1, n_output_layers=1, sliding_window=8,
+                 layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
     "mistral4": dict(head_dim=16),  # qk_nope + qk_rope, so its partial factor 0.5 rotates exactly qk_rope_head_dim
     "zaya": dict(num_experts_per_tok=1),  # ZAYA validates top-1
     "longcat_flash": dict(ffn_hidden_size=128, expert_ffn_hidden_size=32, moe_topk=2, zero_expert_num=2),
@@ -463,7 +466,11 @@ def _tower_inputs(tower) -> dict:
     if params == ["pixel_values", "kwargs"] and isinstance(embed, torch.nn.Conv2d):  # Step 3.7: whole images
         p, q = embed.kernel_size
         return {"pixel_values": _noise(2, embed.in_channels, 4 * p, 6 * q)}
-    if "grid_thw" not in params:  # Pixtral's image sizes, Gemma 4's pixel positions
+    if params[:2] == ["pixel_values", "image_sizes"] and isinstance(embed, torch.nn.Conv2d):  # Pixtral: padded images
+        p, q = embed.kernel_size
+        return {"pixel_values": _noise(2, embed.in_channels, 4 * p, 6 * q),
+                "image_sizes": torch.tensor([[4 * p, 6 * q], [2 * p, 4 * q]])}
+    if "grid_thw" not in params:  # Gemma 4's pixel positions
         raise ValueError(f"the harness feeds packed patches with grid_thw or whole images alone; "
                          f"{type(tower).__name__}.forward takes ({', '.join(params)})")
     width = (embed.in_features if isinstance(embed, torch.nn.Linear)
@@ -562,7 +569,8 @@ def run_vision_tower(family: str):
     finally:
         if hfi.is_patched(tower):
             hfi.unpatch(tower)
-    images = "two images of 4x6 patches" if "grid_thw" not in inputs else f"images {list(_GRID)}"
+    images = (f"images {list(_GRID)}" if "grid_thw" in inputs else "images of 4x6 and 2x4 patches, padded"
+              if "image_sizes" in inputs else "two images of 4x6 patches")
     return mt, "patched", (f"{type(tower).__name__} ({name}), {images}: max abs diff {err:.1e} (last hidden state, "
                            f"values up to {scale:.2g}; no rotation moves it by {moved:.1e})")
 

@@ -239,8 +239,10 @@ _SUBCONFIGS = ("text_config", "decoder_config", "language_config", "llm_config",
 
 
 def _rotary_families() -> list[str]:
-    """Families whose modeling code defines a rotary class, and config-only families whose model types
-    transformers builds with such a family's classes (EXAONE: Llama's; Sarvam: DeepSeek V3's, GLM-4 MoE's)."""
+    """Families whose modeling code defines a rotary class; config-only families whose model types
+    transformers builds with such a family's classes (EXAONE: Llama's; Sarvam: DeepSeek V3's, GLM-4 MoE's);
+    and composite ones whose default config holds such a family's sub-config, built through AutoModel
+    (LLaVA's Llama, PaliGemma's Gemma, Mistral 3's Mistral and Pixtral, InternVL's Qwen2, ...)."""
     import transformers
     from transformers.models.auto import configuration_auto as ca
     from transformers.models.auto import modeling_auto as ma
@@ -258,7 +260,29 @@ def _rotary_families() -> list[str]:
             cls = getattr(transformers, name, None) if isinstance(name, str) else None
             if cls is not None and cls.__module__.split(".")[2:3] and cls.__module__.split(".")[2] in rotary:
                 aliases.add(d.name)
-    return sorted(rotary | aliases)
+    return sorted(rotary | aliases | _composite_families(models, rotary))
+
+
+def _composite_families(models: Path, rotary: set[str]) -> set[str]:
+    from transformers.models.auto import configuration_auto as ca
+
+    family_of = {mt: ca.model_type_to_module_name(mt) for mt in ca.CONFIG_MAPPING_NAMES}
+    found = set()
+    for d in models.iterdir():
+        if (not d.is_dir() or d.name in rotary
+                or "AutoModel" not in "".join(f.read_text() for f in d.glob("modeling_*.py"))):
+            continue
+        for mt in (mt for mt, fam in family_of.items() if fam == d.name):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    cfg = ca.CONFIG_MAPPING[mt]()
+            except Exception:  # noqa: BLE001 - a config that needs arguments: not enumerated
+                continue
+            subs = (getattr(cfg, k, None) for k in (getattr(cfg, "sub_configs", None) or {}))
+            if any(family_of.get(getattr(sc, "model_type", None)) in rotary for sc in subs):
+                found.add(d.name)
+    return found
 
 
 def _model_types(family: str) -> list[tuple[str, str]]:
@@ -605,7 +629,9 @@ def write_table(results: dict[str, tuple[str, str, str]], seconds: float, path: 
         "# transformers model families and posenc's patcher",
         "",
         f"Written by `make coverage` (tests/test_transformers_coverage.py) with transformers {transformers.__version__}: "
-        "every model family whose modeling code defines a `*RotaryEmbedding` class, a tiny random model built "
+        "every model family whose modeling code defines a `*RotaryEmbedding` class, or whose model types transformers "
+        "builds from such a family's classes (config-only families) or sub-models (composite ones: LLaVA, PaliGemma, ...), "
+        "a tiny random model built "
         "from its config class (causal LM where the family has one, else the base model; sizes and forward inputs "
         "per family where the defaults do not build or run one: `_OVERRIDES`, `_INPUTS`), fp32, eager attention, "
         "parameters its init leaves at zero drawn at random (else attention may not reach the outputs). "

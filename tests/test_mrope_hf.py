@@ -397,3 +397,24 @@ def test_hunyuan_v4_vl_layout():
             assert sum(r.mrope_section) == rope_dim // 2
             assert our_axes(r) == their and list(r.pair_axes) == their
         assert len(set(their)) == 3  # every axis feeds some pair
+
+
+def test_a_model_not_provable_whole_is_patched_part_by_part(monkeypatch):
+    """A vision-language model without an entry of its own (GLM-4.6V, Cosmos 3 Omni and the composites
+    built from another family's parts) whose whole-model plan is refused, because its vision attention's
+    rotation is probed with the text rotary's cos/sin, is patched part by part: the text decoder and the
+    tower. Shown on Qwen2-VL with its entry removed."""
+    from posenc_native.integrations.transformers import UnsupportedModelError, detect, families
+
+    monkeypatch.delitem(families.FAMILIES, "qwen2_vl")
+    model = tiny_vlm("qwen2_vl")
+    with pytest.raises(UnsupportedModelError, match="apply_rotary_pos_emb_vision"):
+        detect.plan(model, "qwen2_vl", True)
+    image = image_inputs(model, 5)
+    ref = logits(model, **image)
+    patch(model)
+    assert isinstance(model.model.language_model.rotary_emb, PosencRotaryEmbedding)
+    assert isinstance(model.model.visual.rotary_pos_emb, PosencRotaryEmbedding)
+    torch.testing.assert_close(logits(model, **image), ref, atol=LOGIT_ATOL, rtol=0)
+    unpatch(model)
+    assert torch.equal(logits(model, **image), ref)

@@ -95,8 +95,20 @@ def _swap(model: nn.Module, record: "PatchRecord", p) -> None:
 
 def generic(model: nn.Module, record: "PatchRecord", check: bool, path: str = "") -> None:
     """Any family with a model-level ``*RotaryEmbedding`` and ``apply_rotary_pos_emb``-like functions;
-    with ``path``, only in that submodule (the rest of the model is left alone)."""
-    p = _plan_part(model, record, check, path)
+    with ``path``, only in that submodule (the rest of the model is left alone). A vision-language model
+    that cannot be proven whole (its vision attention's rotation probed with the text rotary's cos/sin:
+    GLM-4.6V, Cosmos 3 Omni; an encoder's forward using a tensor of its own named position_embeddings:
+    OmniASR) is then patched part by part (:func:`text_decoder`: the text model, and the vision tower
+    where proven)."""
+    try:
+        p = _plan_part(model, record, check, path)
+    except (UnsupportedModelError, ValueError) as e:
+        if path or model.config.get_text_config() is model.config:
+            raise
+        try:
+            return text_decoder(model, record, check)
+        except (UnsupportedModelError, ValueError):
+            raise e from None
     if path:
         p.skipped.append(f"everything outside {path} ({type(model.get_submodule(path)).__name__})")
     record.notes = p.describe()

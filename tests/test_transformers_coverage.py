@@ -456,11 +456,10 @@ def run_family(family: str) -> tuple[str, str, str]:
     candidates = _model_types(family)
     if not candidates:
         return "-", "not built", "no config class with a model class"
-    best, tried = None, set()
+    best, patched = None, set()
     for model_type, kind in candidates:
-        if model_type in tried and best is not None and best[1] == "patched":
+        if model_type in patched:
             continue
-        tried.add(model_type)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             status, reason = _run(model_type, kind)
@@ -469,6 +468,7 @@ def run_family(family: str) -> tuple[str, str, str]:
         if status == "WRONG":
             return row
         if status == "patched":
+            patched.add(model_type)
             PATCHED_TYPES.add(model_type)
         if best is None or _RANK[status] > _RANK[best[1]]:
             best = row

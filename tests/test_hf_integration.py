@@ -682,6 +682,52 @@ def hfi_rotation(q, k, cos, sin, unsqueeze_dim=1):  # stands for a modeling modu
     return q, k
 
 
+def test_a_forward_handed_cos_and_sin_is_checked_too():
+    """A model forward may hand ``cos, sin`` to a module that is no attention: LLaVA-OneVision-1.5's vision
+    tower prepends a class token's learned angle to them (``cls_freqs.to(cos.dtype)``). That forward holds
+    the handle too, so it is read the same way at patch time: a tensor use refuses the model (before,
+    patch() accepted it and the first forward with images failed); passing them on is not refused."""
+    from posenc_native.integrations.transformers.detect import _rotation_functions
+
+    class ClassTokens(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.angle = torch.nn.Parameter(torch.randn(1, 4))
+
+        def forward(self, hidden_states, cos, sin):
+            cls = self.angle.to(cos.dtype)
+            return hidden_states, torch.cat([cls.cos(), cos]), torch.cat([cls.sin(), sin])
+
+    class PassesOn(torch.nn.Module):
+        def forward(self, q, k, cos, sin):
+            return hfi_rotation(q, k, cos, sin)
+
+    class Tower(torch.nn.Module):
+        def __init__(self, child):
+            super().__init__()
+            self.child = child
+
+        def forward(self, x):
+            return self.child(x)
+
+    for cls in (ClassTokens, PassesOn, Tower):  # transformers' modules are the ones read
+        cls.__module__ = "transformers.models.llama.modeling_llama"
+    with pytest.raises(hfi.UnsupportedModelError, match=r"ClassTokens\.forward applies load_(attr|method) to cos"):
+        _rotation_functions(Tower(ClassTokens()))
+    assert _rotation_functions(Tower(PassesOn())) == {}  # it rotates nothing itself: no function collected
+
+
+def test_llava_onevision_1_5_tower_is_refused_at_patch_time():
+    """The model itself (transformers 5.25 on): its tower refused, so the model is patched part by part
+    (docs/transformers_coverage.md's run on 5.25)."""
+    from posenc_native.integrations.transformers.detect import _rotation_functions
+
+    lov = pytest.importorskip("transformers.models.llava_onevision1_5.modeling_llava_onevision1_5")
+    with pytest.raises(hfi.UnsupportedModelError, match="LlavaOnevision15VisionClassEmbeddings.forward applies load_attr"):
+        _rotation_functions(lov.LlavaOnevision15VisionModel(lov.LlavaOnevision15VisionConfig(
+            depth=1, hidden_size=64, num_heads=4, intermediate_size=128, out_hidden_size=64)))
+
+
 def test_dropout_on_the_handle_is_the_identity_where_it_is_one():
     """LASR's encoder drops out cos/sin (``dropout_positions``, 0 by default): in eval mode or at p = 0
     that is the identity and the handle passes through; dropping elements in training is no rotation

@@ -89,6 +89,11 @@ _OVERRIDES: dict[str, dict] = {
     "dbrx": dict(n_layers=2, n_heads=4, max_seq_len=256, attn_config=dict(kv_n_heads=2, clip_qkv=8.0, rope_theta=500000.0),
                  ffn_config=dict(ffn_hidden_size=128), rope_parameters=dict(rope_type="default", rope_theta=500000.0)),
     "ernie4_5_moe": dict(moe_k=2),  # top-k within the 4 experts
+    # a sliding layer and an indexed (sparse, top-k) one, as in its 5-layer pattern; the indexer's heads fit one
+    # key head's query group, its pools fit the 8-token prompt
+    "kolibri1_1": dict(layer_types=["sliding_attention", "indexed_attention"], mlp_only_layers=[0], index_num_heads=2,
+                       index_topk=8, index_pool_size=64, index_compression=4, index_num_local_tokens=4,
+                       index_num_sink_tokens=2),
     # a looped model: input, recurrent and output layers must add up to num_hidden_layers (defaults 8 + 20 + 8)
     "dory": dict(num_hidden_layers=3, n_input_layers=1, n_recurrent_layers=1, n_output_layers=1, sliding_window=8,
                  layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
@@ -163,6 +168,7 @@ _OVERRIDES: dict[str, dict] = {
     "dots3_note_vision_encoder": dict(pyramid_num_routed=[-1, 4], adapter_in_dim=64, adapter_out_dim=64, moe_intermediate_size=32),
     "dots3_note_audio_encoder": dict(adapter_input_size=64, adapter_out_dim=64, downsample_hidden_size=16),
     "idefics_vision": dict(image_size=56),  # 4x4 patches of 14
+    "llava_onevision1_5_vision": dict(num_heads=4, out_hidden_size=64),  # 16-dim heads: 4 axial quarters of 4
     # --- speech and audio
     # CSM: vocab_size is the codebooks' (2051), not above the text ids; a tiny Mimi codec
     "csm": dict(vocab_size=2051, num_codebooks=4, codec_config=dict(

@@ -23,10 +23,10 @@ Qwen2.5-VL, Qwen3-VL) are swapped when :meth:`RopeConfig.from_hf` reads an MRoPE
 config: the probe then feeds rows that differ per axis, so the pair -> axis map is proven too. Vision
 towers' axial rotaries (``rope_type == "axial"``, ids ``[N, 2]``) have no config-readable layout: their
 table is read from the module itself (:func:`_axis_table`) and proven the same way (:func:`_probe_axial`).
-Refused: MRoPE modules without a layout from_hf reads, and forwards that index, negate or do arithmetic
-on ``cos``/``sin`` (or the names they unpack ``position_embeddings`` into, or its items), or iterate
-over ``position_embeddings``, themselves: a handle cannot stand in there (read from their bytecode,
-:func:`_handle_misuse`).
+Refused: MRoPE modules without a layout from_hf reads, and forwards that index, negate, do arithmetic
+on or read an attribute of ``cos``/``sin`` (or the names they unpack ``position_embeddings`` into, or
+its items; or their own ``cos``/``sin`` parameters), or iterate over ``position_embeddings``,
+themselves: a handle cannot stand in there (read from their bytecode, :func:`_handle_misuse`).
 
 The pairing is proven per (rotary module, function) and travels with the handle, so a function
 only ever rotates with a pairing proven for the module that fed it (else it refuses, loudly). A
@@ -98,6 +98,10 @@ def _forward_code(cls: type) -> Optional[types.CodeType]:
     return getattr(fn, "__code__", None)
 
 
+def _arguments(code: types.CodeType) -> tuple[str, ...]:
+    return code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+
+
 def _is_hf(m: nn.Module) -> bool:
     return type(m).__module__.startswith("transformers.")
 
@@ -115,13 +119,20 @@ def _rotation_functions(model: nn.Module) -> dict[tuple[str, str], Callable]:
             continue
         seen.add(cls)
         code = _forward_code(cls)
+        if code is None:
+            continue
         own_rotary = {n for n, c in m.named_children() if type(c).__name__.endswith("RotaryEmbedding")}
-        if code is None or ("position_embeddings" not in code.co_varnames and not own_rotary & set(code.co_names)):
+        feeds = "position_embeddings" in code.co_varnames or own_rotary & set(code.co_names)
+        # a forward handed `cos`/`sin` by another (LLaVA-OneVision-1.5's class-token embeddings, which
+        # prepend a learned angle) holds the handle as well: checked alike, though it rotates nothing itself
+        if not feeds and not {"cos", "sin"} & set(_arguments(code)):
             continue
         misuse = _handle_misuse(cls)
         if misuse is not None:
             raise UnsupportedModelError(f"{_ERR}: {misuse} (a patched model passes rotary positions there, not "
                                         "tensors)")
+        if not feeds:
+            continue
         module = sys.modules.get(cls.__module__)
         for name in code.co_names:
             low = name.lower()
@@ -164,7 +175,7 @@ def _sincos_table(hf_rotary: nn.Module) -> Optional[torch.Tensor]:
     transformers 5.24): ``embed_positions`` rows ``[sin | cos]`` of ``position * inv_freq``, which its
     forward gathers by position and splits, returning ``(sin, cos)``."""
     t = getattr(hf_rotary, "embed_positions", None)
-    if (_attr(hf_rotary, None, "inv_freq") is None and isinstance(t, torch.Tensor) and t.dim() == 2
+    if (getattr(hf_rotary, "inv_freq", None) is None and isinstance(t, torch.Tensor) and t.dim() == 2
             and t.is_floating_point() and t.shape[-1] % 2 == 0):
         return t
     return None
@@ -174,8 +185,8 @@ def _module_inv_freq(hf_rotary: nn.Module, lt: Optional[str]) -> Optional[torch.
     """The frequencies the module holds: its ``inv_freq``, or those of its sin/cos table (row 1 holds
     ``sin`` and ``cos`` of each frequency itself; all of them are below pi); meta when not materialised."""
     buf = _attr(hf_rotary, lt, "inv_freq")
-    table = _sincos_table(hf_rotary) if lt is None else None
-    if buf is not None or table is None:
+    table = _sincos_table(hf_rotary) if buf is None and lt is None else None
+    if table is None:
         return buf
     half = table.shape[-1] // 2
     if table.is_meta or table.shape[0] < 2:
@@ -240,11 +251,12 @@ def _set_frequencies(probe: nn.Module, lt: Optional[str], freqs: torch.Tensor) -
             setattr(probe, name if lt is None else f"{lt}_{name}", freqs.to(buf.device, torch.float32))
 
 
-def _check_regime(cfg, hf_rotary: nn.Module, lt: Optional[str], rope: RopeConfig, regime: Regime, where: str) -> None:
-    """RopeConfig.from_hf against what the model's own module computed (frequencies, attention factor)."""
-    base = _base_frequencies(hf_rotary, lt, rope, regime)
+def _check_regime(cfg, hf_rotary: nn.Module, lt: Optional[str], rope: RopeConfig, regime: Regime, where: str,
+                  base: Optional[tuple[str, torch.Tensor, torch.Tensor]]) -> None:
+    """RopeConfig.from_hf against what the model's own module computed (frequencies, attention factor);
+    ``base``: :func:`_base_frequencies`, None when nothing is materialised to compare with."""
     if base is None:
-        return  # nothing materialised to compare with
+        return
     rope_type = regime.rope_type
     _check_frequencies(*base, where, _ROUNDED_RTOL if regime.rounded else 1e-5)
     if regime.mode != "static":
@@ -459,7 +471,7 @@ def _config_regime(cfg, hf_rotary: nn.Module, lt: Optional[str], rope_type: str,
         if 1e-5 < err <= _ROUNDED_RTOL:
             regime.rounded = err
     if check:
-        _check_regime(cfg, hf_rotary, lt, rope, regime, where)
+        _check_regime(cfg, hf_rotary, lt, rope, regime, where, base)
     return regime
 
 
@@ -509,9 +521,10 @@ def _probe_one(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.M
             if not (isinstance(tables, torch.Tensor) and tables.is_complex()):
                 return None
             tables = (tables,)
+        elif len(tables) == 2:  # (cos, sin); GPT-J's (sin, cos), as its attention unpacks and passes them
+            tables = tuple(tables)
         else:
-            first, second = tables  # (cos, sin); GPT-J's (sin, cos), as its attention unpacks and passes them
-            tables = (first, second)
+            return None
     except Exception:  # noqa: BLE001 - any failure means "not of the supported shape"
         return None
     inv_freq = _module_inv_freq(probe, lt).to(device, torch.float64)

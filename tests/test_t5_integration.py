@@ -5,6 +5,7 @@ unpatch restores the model bit for bit."""
 from __future__ import annotations
 
 import copy
+import inspect
 
 import pytest
 import torch
@@ -87,15 +88,18 @@ def test_decoding_with_past_key_values(model_type, monkeypatch):
     model = tiny(model_type, seed=3)
     src, tgt = inputs(seed=4, tgt=12)
 
+    # the cache's name: `cache` from transformers 5.24 (`past_key_values` is deprecated there), before it the old one
+    cache = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+
     def decode(m):
         with torch.no_grad():
             enc = m.get_encoder()(input_ids=src)
             out = m(encoder_outputs=enc, decoder_input_ids=tgt[:, :5], use_cache=True)
-            logits, past = [out.logits], out.past_key_values
+            logits, past = [out.logits], getattr(out, cache)
             for i in range(5, tgt.shape[1]):
-                out = m(encoder_outputs=enc, decoder_input_ids=tgt[:, i:i + 1], past_key_values=past, use_cache=True)
+                out = m(encoder_outputs=enc, decoder_input_ids=tgt[:, i:i + 1], use_cache=True, **{cache: past})
                 logits.append(out.logits)
-                past = out.past_key_values
+                past = getattr(out, cache)
         return torch.cat(logits, 1)
 
     want = decode(model)

@@ -36,8 +36,9 @@ def bind(name: str, args: tuple) -> NamedTuple:
 def call(name: str, source: Any = None, **given: Any) -> Any:
     """``torch.ops.posenc.<name>`` with each argument taken from ``given``, else from the field of
     the same name of ``source`` (the bound arguments of another op)."""
-    return getattr(torch.ops.posenc, name)(*[given[f] if f in given else getattr(source, f)
-                                             for f in op_args(name)._fields])
+    from ._functorch import dispatch  # (imports this module's users' op library)
+
+    return dispatch(name, *[given[f] if f in given else getattr(source, f) for f in op_args(name)._fields])
 
 
 def input_grads(args: NamedTuple, **grads: Any) -> tuple:

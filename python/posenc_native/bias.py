@@ -19,6 +19,7 @@ from typing import Optional, Union
 import torch
 
 from ._forward_ad import tangents, through_linear
+from ._functorch import dispatch, register_autograd
 from ._library import load_library
 from ._op_args import bind, call, input_grads
 
@@ -86,8 +87,8 @@ def relative_position_bias(weight: torch.Tensor, query_length: int, key_length: 
             w, query_length, key_length, bidirectional=bidirectional, num_buckets=num_buckets,
             max_distance=max_distance, query_offset=query_offset), dual)
     nb = num_buckets if num_buckets is not None else (weight.shape[0] if weight.dim() > 0 else 0)
-    return torch.ops.posenc.relative_position_bias(weight, query_length, key_length, bool(bidirectional), int(nb),
-                                                   int(max_distance), _offset(query_offset))
+    return dispatch("relative_position_bias", weight, query_length, key_length, bool(bidirectional), int(nb),
+                    int(max_distance), _offset(query_offset))
 
 
 def alibi_slopes(num_heads: int, *, device: Optional[Union[torch.device, str]] = None) -> torch.Tensor:
@@ -126,7 +127,7 @@ def alibi_bias(slopes: torch.Tensor, query_length: int, key_length: int, *, quer
     if (dual := tangents(slopes)) is not None:  # linear in slopes
         return through_linear(lambda s: alibi_bias(s, query_length, key_length, query_offset=query_offset,
                                                    dtype=dtype), dual)
-    return torch.ops.posenc.alibi_bias(slopes, query_length, key_length, _offset(query_offset), dtype)
+    return dispatch("alibi_bias", slopes, query_length, key_length, _offset(query_offset), dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -223,9 +224,7 @@ def _alibi_backward_backward(ctx, grad_slopes):
     return input_grads(ctx.args, grad=gg)
 
 
-torch.library.register_autograd("posenc::relative_position_bias", _bias_backward, setup_context=_bias_setup)
-torch.library.register_autograd("posenc::relative_position_bias_backward", _bias_backward_backward,
-                                setup_context=_bias_backward_setup)
-torch.library.register_autograd("posenc::alibi_bias", _alibi_backward, setup_context=_alibi_setup)
-torch.library.register_autograd("posenc::alibi_bias_backward", _alibi_backward_backward,
-                                setup_context=_alibi_backward_setup)
+register_autograd("relative_position_bias", _bias_backward, _bias_setup)
+register_autograd("relative_position_bias_backward", _bias_backward_backward, _bias_backward_setup)
+register_autograd("alibi_bias", _alibi_backward, _alibi_setup)
+register_autograd("alibi_bias_backward", _alibi_backward_backward, _alibi_backward_setup)

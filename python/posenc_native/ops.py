@@ -12,6 +12,8 @@ from typing import Optional, Sequence, Union
 import torch
 
 from . import _fx, _library
+from ._functorch import dispatch as _dispatch, register_autograd as _register_autograd
+from ._functorch import transforms_active as _functorch_active
 from ._contexts import MODES_ACTIVE
 from ._forward_ad import make_dual as _make_dual, refuse_tangents as _refuse_tangents
 from ._forward_ad import tangents as _tangents, through_linear as _through_linear
@@ -173,11 +175,9 @@ def add_sinusoidal(x: torch.Tensor, positions: Optional[torch.Tensor] = None, *,
         # int64 (float64) so that int32 positions plus a large offset cannot wrap; with |offset| and
         # the op's |position| both bounded by 2**48, no int64 sum wraps into the domain unnoticed.
         positions = positions.to(torch.float64 if positions.is_floating_point() else torch.int64) + offset
-    return torch.ops.posenc.add_sinusoidal(x, positions, _check_float("x_scale", x_scale), _check_float("base", base),
-                                           _check_bool("interleaved", interleaved),
-                                           _check_float("freq_shift", freq_shift),
-                                           _check_float("angle_scale", angle_scale),
-                                           _check_bool("cos_first", cos_first))
+    return _dispatch("add_sinusoidal", x, positions, _check_float("x_scale", x_scale), _check_float("base", base),
+                     _check_bool("interleaved", interleaved), _check_float("freq_shift", freq_shift),
+                     _check_float("angle_scale", angle_scale), _check_bool("cos_first", cos_first))
 
 
 @torch.library.register_fake("posenc::sinusoidal_table")
@@ -213,8 +213,7 @@ def _add_sinusoidal_backward(ctx, grad):
     return input_grads(ctx.args, x=grad * ctx.args.x_scale)
 
 
-torch.library.register_autograd("posenc::add_sinusoidal", _add_sinusoidal_backward,
-                                setup_context=_add_sinusoidal_setup)
+_register_autograd("add_sinusoidal", _add_sinusoidal_backward, _add_sinusoidal_setup)
 
 # --------------------------------------------------------------------------------------------
 # RoPE
@@ -405,9 +404,13 @@ def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, i
     args = (q, k_arg, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, False)
     if not in_place:
         with _autograd_skipped(q, k_arg):
-            q_out, k_out = torch.ops.posenc.rope(*args)
+            q_out, k_out = _dispatch("rope", *args)
         return q_out, (k_out if k is not None else None)
-    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k_arg.requires_grad)):
+    if _functorch_active():  # the in-place op has no torch.func rule: the out-of-place one, copied back
+        q_out, k_out = _dispatch("rope", *args)
+        q.copy_(q_out)
+        k_arg.copy_(k_out)
+    elif torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k_arg.requires_grad)):
         torch.ops.posenc.rope_(*args)
     else:  # what the Autograd and ADInplaceOrView kernels (below) would do, without their Python round trips
         if q.is_inference() or k_arg.is_inference():
@@ -527,7 +530,7 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         return _through_linear(lambda q_, k_: apply_rotary_pos_emb(q_, k_, cos, sin, position_ids, unsqueeze_dim), dual)
     _refuse_tangents("apply_rotary_pos_emb", cos=cos, sin=sin)
     with _autograd_skipped(q, k):
-        return torch.ops.posenc.rope_cos_sin(q, k, cos, sin, positions, layout, False)
+        return _dispatch("rope_cos_sin", q, k, cos, sin, positions, layout, False)
 
 
 def _cos_sin_positions_layout(cos: torch.Tensor, position_ids: Optional[torch.Tensor], unsqueeze_dim: int):
@@ -612,8 +615,7 @@ def _rotation_backward(ctx, grad_q, grad_k):
 
 
 for _name in ("rope", "rope_cos_sin"):
-    torch.library.register_autograd(f"posenc::{_name}", _rotation_backward,
-                                    setup_context=functools.partial(_rotation_setup, _name))
+    _register_autograd(_name, _rotation_backward, functools.partial(_rotation_setup, _name))
 
 # --------------------------------------------------------------------------------------------
 # In-place ops and autograd: torch's rules for in-place ops (``mul_`` is the model), for the

@@ -1,0 +1,110 @@
+"""The ops under torch.func transforms (``grad``, ``vjp``, ``jacrev``, ``vmap``).
+
+torch's ``register_autograd`` gives a custom op an autograd kernel that torch.func cannot run:
+its generated autograd.Function has no ``setup_context`` ("In order to use an autograd.Function
+with functorch transforms ... it must override the setup_context staticmethod"; pytorch issues
+168393, 170834). So every op with a backward is registered here (:func:`register_autograd`), which
+also keeps its formula for :class:`_UnderTransform`, an autograd.Function with ``setup_context``
+that runs the same op and the same formula; :func:`dispatch`, what the Python API calls, takes it
+while a transform is active (one C query otherwise). The raw ``torch.ops.posenc.*`` still have
+torch's kernel, and fail under ``torch.func.grad`` as any such op does.
+
+``vmap`` of ``posenc::rope`` has a rule (:func:`_rope_vmap`): without one torch runs the op once
+per vmapped slice (and warns of the performance drop). The common case, q and k vmapped over (a
+model ensemble, per-sample gradients) with the positions, cu_seqlens and frequencies shared, folds
+the vmapped dimension into the op's batch dimension (``bhsd``/``bshd``: ``[V, B, ...]`` ->
+``[V * B, ...]``, positions repeated per batch row) and calls the op once: each row is rotated
+exactly as in its own call. Anything else (vmapped positions or frequencies, the packed ``thd``
+layout) is run slice by slice, as torch's fallback would.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._library import load_library
+
+load_library()
+
+
+def _front(t: torch.Tensor, dim, size: int) -> torch.Tensor:
+    """``t`` with the vmapped dimension first (expanded when ``t`` is not vmapped)."""
+    return t.unsqueeze(0).expand(size, *t.shape) if dim is None else t.movedim(dim, 0)
+
+
+def _slice(t, dim, i: int):
+    return t if t is None or dim is None else t.select(dim, i)
+
+
+def _foldable(q_all: torch.Tensor, k_all: torch.Tensor, positions, layout: str, shared: bool) -> bool:
+    if not shared or layout not in ("bhsd", "bshd") or k_all.shape[1] != q_all.shape[1]:
+        return False
+    # positions [S] or [..., 1, S] (every row alike) pass as they are; [..., B, S] are repeated per vmapped slice
+    return positions is None or positions.dim() < 2 or positions.shape[-2] in (1, q_all.shape[1])
+
+
+def _rope_vmap(info, in_dims, q, k, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset,
+               inverse):
+    q_dim, k_dim, pos_dim, cu_dim, freq_dim = in_dims[:5]
+    size = info.batch_size
+    op = torch.ops.posenc.rope.default
+    q_all, k_all = _front(q, q_dim, size), _front(k, k_dim, size)
+    shared = pos_dim is None and cu_dim is None and freq_dim is None and cu_seqlens is None
+    if _foldable(q_all, k_all, positions, layout, shared):
+        batch = q_all.shape[1]
+        if positions is not None and positions.dim() >= 2 and positions.shape[-2] != 1:
+            positions = positions.repeat(*([1] * (positions.dim() - 2)), size, 1)
+        out_q, out_k = op(q_all.reshape(size * batch, *q_all.shape[2:]), k_all.reshape(size * batch, *k_all.shape[2:]),
+                          positions, None, inv_freq, attention_factor, interleaved, layout, offset, inverse)
+        return (out_q.view(q_all.shape), out_k.view(k_all.shape)), (0, 0)
+    outs = [op(q_all[i], k_all[i], _slice(positions, pos_dim, i), _slice(cu_seqlens, cu_dim, i),
+               _slice(inv_freq, freq_dim, i), attention_factor, interleaved, layout, offset, inverse)
+            for i in range(size)]
+    return (torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])), (0, 0)
+
+
+torch.library.register_vmap("posenc::rope", _rope_vmap)
+
+
+_FORMULAS: dict = {}  # op name -> (setup_context, backward), as given to torch.library.register_autograd
+
+
+def register_autograd(name: str, backward, setup_context) -> None:
+    """``torch.library.register_autograd`` for ``posenc::<name>``, the formula kept for :func:`dispatch`."""
+    torch.library.register_autograd(f"posenc::{name}", backward, setup_context=setup_context)
+    _FORMULAS[name] = (setup_context, backward)
+
+
+class _UnderTransform(torch.autograd.Function):
+    """``posenc::<name>`` with its registered formula, in the form torch.func runs (vmap: each step
+    vmapped, the op's own rule included)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(name, *args):
+        return getattr(torch.ops.posenc, name)(*args)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.formula = inputs[0]
+        _FORMULAS[inputs[0]][0](ctx, inputs[1:], output)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, *_FORMULAS[ctx.formula][1](ctx, *grads))
+
+
+_is_compiling = torch.compiler.is_compiling
+
+
+def transforms_active() -> bool:
+    """Whether a torch.func transform is active in eager mode (under torch.compile the ops are traced)."""
+    return bool(torch._C._are_functorch_transforms_active()) and not _is_compiling()
+
+
+def dispatch(name: str, *args):
+    """``torch.ops.posenc.<name>(*args)``; under a torch.func transform (eager), through
+    :class:`_UnderTransform` when the op has a backward."""
+    if name in _FORMULAS and transforms_active():
+        return _UnderTransform.apply(name, *args)
+    return getattr(torch.ops.posenc, name)(*args)

@@ -1,0 +1,243 @@
+"""torch.func transforms over the ops (posenc_native/_functorch.py). vmap of RoPE: every vmapped slice
+against the float64 reference run on that slice alone, on fresh random inputs; the shared-positions
+case in one op call (no per-slice fallback), the others slice by slice. grad / vjp / jacrev of every
+differentiable entry (they failed before: torch's register_autograd kernel is no torch.func
+Function) against autograd through the float64 reference; per-sample gradients through vmap(grad)."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import posenc_native as pn
+from posenc_native import reference
+
+V, B, S, H, KV, D = 3, 2, 9, 4, 2, 32
+
+
+def _config(**kw) -> pn.RopeConfig:
+    return pn.RopeConfig(head_dim=D, base=10000.0, **kw)
+
+
+def _randn(*shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _positions(*shape, seed):
+    return torch.randint(0, 5000, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _shape(layout, heads):
+    return (B, S, heads, D) if layout == "bshd" else (B, heads, S, D)
+
+
+def _check(got, want, atol=2e-6):
+    torch.testing.assert_close(got.double(), want, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("positions", ["rows", "one row", "shared", "none"])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_vmapped_q_and_k_match_each_slice_in_one_call(layout, positions, interleaved):
+    """q and k vmapped (an ensemble), the positions shared: each slice as its own call gives it, and
+    torch runs no per-slice fallback (it warns when it does)."""
+    cfg = _config(interleaved=interleaved,
+                  scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=1024))
+    q = _randn(V, *_shape(layout, H), seed=1)
+    k = _randn(V, *_shape(layout, KV), seed=2)
+    pos = {"rows": _positions(B, S, seed=3), "one row": _positions(1, S, seed=3), "shared": _positions(S, seed=3),
+           "none": None}[positions]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*batching rule.*")
+        got_q, got_k = torch.func.vmap(lambda a, b: pn.apply_rope(a, b, pos, config=cfg, layout=layout))(q, k)
+    for i in range(V):
+        want_q, want_k = reference.apply_rope(q[i].double(), k[i].double(), pos, cfg, layout=layout)
+        _check(got_q[i], want_q)
+        _check(got_k[i], want_k)
+
+
+def test_q_alone_vmapped_and_a_vmapped_dim_not_first():
+    """k shared by every slice (not vmapped), q vmapped over its dim 2: the rule moves and expands them."""
+    cfg = _config()
+    q = _randn(B, S, V, H, D, seed=4)
+    k = _randn(B, S, KV, D, seed=5)
+    pos = _positions(B, S, seed=6)
+    got_q, got_k = torch.func.vmap(lambda a: pn.apply_rope(a, k, pos, config=cfg), in_dims=2)(q)
+    want_k = reference.apply_rope(k.double(), None, pos, cfg)[0]
+    for i in range(V):
+        _check(got_q[i], reference.apply_rope(q[:, :, i].double(), None, pos, cfg)[0])
+        _check(got_k[i], want_k)
+
+
+def test_vmapped_positions_or_frequencies_go_slice_by_slice():
+    """Positions or frequencies that differ per slice cannot fold: each slice is run on its own."""
+    q = _randn(V, B, S, H, D, seed=7)
+    k = _randn(V, B, S, KV, D, seed=8)
+    pos = _positions(V, B, S, seed=9)
+    inv_freq = torch.rand(V, D // 2, generator=torch.Generator().manual_seed(10), dtype=torch.float64) * 0.5 + 1e-3
+    got_q, got_k = torch.func.vmap(lambda a, b, p: pn.apply_rope(a, b, p, inv_freq=inv_freq[0]))(q, k, pos)
+    for i in range(V):
+        want_q, want_k = reference.apply_rope(q[i].double(), k[i].double(), pos[i], inv_freq=inv_freq[0])
+        _check(got_q[i], want_q)
+        _check(got_k[i], want_k)
+    got_q = torch.func.vmap(lambda a, f: pn.apply_rope(a, None, pos[0], inv_freq=f)[0])(q, inv_freq)
+    for i in range(V):
+        _check(got_q[i], reference.apply_rope(q[i].double(), None, pos[0], inv_freq=inv_freq[i])[0])
+
+
+def test_packed_layout_with_cu_seqlens():
+    """thd (packed sequences, positions from cu_seqlens) goes slice by slice, each slice exact."""
+    cfg = _config()
+    cu = torch.tensor([0, 4, 11], dtype=torch.int32)
+    q = _randn(V, 11, H, D, seed=11)
+    got_q = torch.func.vmap(lambda a: pn.apply_rope(a, None, None, config=cfg, layout="thd", cu_seqlens=cu)[0])(q)
+    for i in range(V):
+        _check(got_q[i], reference.apply_rope(q[i].double(), None, None, cfg, layout="thd", cu_seqlens=cu)[0])
+
+
+def test_mrope_positions_fold():
+    """MRoPE positions [3, B, S] shared by the slices are repeated along their batch axis."""
+    cfg = _config(mrope_section=(4, 6, 6))
+    q = _randn(V, B, S, H, D, seed=12)
+    k = _randn(V, B, S, KV, D, seed=13)
+    pos = _positions(3, B, S, seed=14)
+    got_q, got_k = torch.func.vmap(lambda a, b: pn.apply_rope(a, b, pos, config=cfg))(q, k)
+    for i in range(V):
+        want_q, want_k = reference.apply_rope(q[i].double(), k[i].double(), pos, cfg)
+        _check(got_q[i], want_q)
+        _check(got_k[i], want_k)
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float16, 2e-3), (torch.bfloat16, 1.6e-2)])
+def test_half_precision(dtype, atol):
+    cfg = _config()
+    q = _randn(V, B, S, H, D, seed=15).to(dtype)
+    pos = _positions(B, S, seed=16)
+    got_q = torch.func.vmap(lambda a: pn.apply_rope(a, None, pos, config=cfg)[0])(q)
+    for i in range(V):
+        _check(got_q[i], reference.apply_rope(q[i].double(), None, pos, cfg)[0], atol=atol)
+
+
+def test_per_sample_gradients():
+    """vmap(grad): each sample's gradient of a loss through the rotation, against autograd through the
+    float64 reference on that sample alone."""
+    cfg = _config()
+    q = _randn(V, 1, S, H, D, seed=17)
+    w = _randn(1, S, H, D, seed=18)
+    pos = _positions(1, S, seed=19)
+
+    def loss(x):
+        return (pn.apply_rope(x, None, pos, config=cfg)[0] * w).sum()
+
+    got = torch.func.vmap(torch.func.grad(loss))(q)
+    for i in range(V):
+        x = q[i].double().requires_grad_()
+        (reference.apply_rope(x, None, pos, cfg)[0] * w.double()).sum().backward()
+        _check(got[i], x.grad)
+
+
+def _reference_grad(fn, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """d/dx sum(fn(x) * w), by autograd through a float64 implementation."""
+    x = x.detach().double().requires_grad_()
+    (fn(x) * w.double()).sum().backward()
+    return x.grad
+
+
+def _rotate_half_reference(q, cos, sin):  # transformers' apply_rotary_pos_emb, written out, [B, H, S, D]
+    half = q.shape[-1] // 2
+    rotated = torch.cat([-q[..., half:], q[..., :half]], -1)
+    return q * cos[:, None].double() + rotated * sin[:, None].double()
+
+
+def test_grad_of_every_differentiable_entry():
+    """torch.func.grad of a weighted sum through apply_rope, apply_rotary_pos_emb, add_sinusoidal,
+    relative_position_bias, alibi_bias and the bias modules, each against the float64 reference's."""
+    cfg = _config(scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=1024))
+    q = _randn(B, S, H, D, seed=20)
+    pos = _positions(B, S, seed=21)
+    w = _randn(B, S, H, D, seed=22)
+    got = torch.func.grad(lambda x: (pn.apply_rope(x, None, pos, config=cfg)[0] * w).sum())(q)
+    _check(got, _reference_grad(lambda x: reference.apply_rope(x, None, pos, cfg)[0], q, w))
+
+    angles = pos[..., None].double() * torch.rand(D // 2, generator=torch.Generator().manual_seed(23),
+                                                  dtype=torch.float64)
+    cos, sin = torch.cat([angles.cos()] * 2, -1).float(), torch.cat([angles.sin()] * 2, -1).float()
+    qh, wh = q.transpose(1, 2).contiguous(), w.transpose(1, 2).contiguous()
+    got = torch.func.grad(lambda x: (pn.apply_rotary_pos_emb(x, x[:, :1], cos, sin)[0] * wh).sum())(qh)
+    _check(got, _reference_grad(lambda x: _rotate_half_reference(x, cos, sin), qh, wh))
+
+    x = _randn(B, S, 64, seed=24)
+    wx = _randn(B, S, 64, seed=25)
+    got = torch.func.grad(lambda t: (pn.add_sinusoidal(t, x_scale=3.0) * wx).sum())(x)
+    _check(got, _reference_grad(lambda t: reference.add_sinusoidal(t, x_scale=3.0), x, wx))
+
+    weight = _randn(32, H, seed=26)
+    wb = _randn(1, H, 5, 11, seed=27)
+    got = torch.func.grad(lambda t: (pn.relative_position_bias(t, 5, 11, query_offset=3) * wb).sum())(weight)
+    _check(got, _reference_grad(lambda t: reference.relative_position_bias(t, 5, 11, query_offset=3), weight, wb),
+           atol=1e-5)
+    module = pn.T5RelativePositionBias(H)
+    got = torch.func.grad(lambda p: (torch.func.functional_call(module, p, (5, 11, 3)) * wb).sum())(
+        dict(module.named_parameters()))["relative_attention_bias.weight"]
+    want = _reference_grad(lambda t: reference.relative_position_bias(t, 5, 11, query_offset=3),
+                           module.relative_attention_bias.weight, wb)
+    _check(got, want, atol=1e-5)
+
+    slopes = torch.rand(H, generator=torch.Generator().manual_seed(28))
+    got = torch.func.grad(lambda t: (pn.alibi_bias(t, 5, 11, query_offset=2) * wb).sum())(slopes)
+    _check(got, _reference_grad(lambda t: reference.alibi_bias(t, 5, 11, query_offset=2), slopes, wb), atol=1e-4)
+    module = pn.ALiBi(H)
+    got = torch.func.grad(lambda s_: (torch.func.functional_call(module, {"slopes": s_}, (5, 11, 2)) * wb).sum())(
+        module.slopes)
+    _check(got, _reference_grad(lambda t: reference.alibi_bias(t, 5, 11, query_offset=2), module.slopes, wb),
+           atol=1e-4)
+
+
+def test_vjp_and_jacobian_of_rope():
+    """vjp, and the full Jacobian by jacrev: RoPE is a rotation, so its Jacobian is block-diagonal with
+    the float64 reference's rotation blocks."""
+    cfg = _config()
+    q = _randn(1, 3, 2, D, seed=29)
+    pos = _positions(1, 3, seed=30)
+    out, pullback = torch.func.vjp(lambda x: pn.apply_rope(x, None, pos, config=cfg)[0], q)
+    _check(out, reference.apply_rope(q.double(), None, pos, cfg)[0])
+    w = _randn(*out.shape, seed=31)
+    _check(pullback(w)[0], _reference_grad(lambda x: reference.apply_rope(x, None, pos, cfg)[0], q, w))
+    jac = torch.func.jacrev(lambda x: pn.apply_rope(x, None, pos, config=cfg)[0])(q)
+    want = torch.autograd.functional.jacobian(lambda x: reference.apply_rope(x, None, pos, cfg)[0], q.double())
+    _check(jac, want)
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop")
+def test_per_sample_gradients_of_the_bias_weight():
+    """vmap(grad) over a batch of bias weights (the fallback runs the bias op per slice): each against
+    the reference's gradient for that weight alone."""
+    weights = _randn(V, 32, H, seed=32)
+    wb = _randn(1, H, 4, 7, seed=33)
+    got = torch.func.vmap(torch.func.grad(lambda t: (pn.relative_position_bias(t, 4, 7) * wb).sum()))(weights)
+    for i in range(V):
+        _check(got[i], _reference_grad(lambda t: reference.relative_position_bias(t, 4, 7), weights[i], wb), atol=1e-5)
+
+
+def test_in_place_rope_under_vmap_and_grad():
+    """apply_rope_ under a transform: the out-of-place op copied back into q and k (the in-place op
+    has no torch.func rule; vmap and grad both refused it before)."""
+    cfg = _config()
+    q = _randn(V, B, S, H, D, seed=34)
+    k = _randn(V, B, S, KV, D, seed=35)
+    pos = _positions(B, S, seed=36)
+
+    def rotate(a, b):
+        a, b = a.clone(), b.clone()
+        pn.apply_rope_(a, b, pos, config=cfg)
+        return a, b
+
+    got_q, got_k = torch.func.vmap(rotate)(q, k)
+    for i in range(V):
+        want_q, want_k = reference.apply_rope(q[i].double(), k[i].double(), pos, cfg)
+        _check(got_q[i], want_q)
+        _check(got_k[i], want_k)
+    w = _randn(B, S, H, D, seed=37)
+    got = torch.func.grad(lambda a: (rotate(a * 1.0, k[0])[0] * w).sum())(q[0])
+    _check(got, _reference_grad(lambda x: reference.apply_rope(x, None, pos, cfg)[0], q[0], w))

@@ -3,7 +3,7 @@
 
     python benchmarks/bench_cpu.py                 # full sizes (a few minutes on 2 cores)
     python benchmarks/bench_cpu.py --quick         # small sizes: a smoke test, numbers mean little
-    python benchmarks/bench_cpu.py --only rope     # one section: sinusoidal | rope | decode
+    python benchmarks/bench_cpu.py --only rope     # one section: sinusoidal | rope | decode | vmap
     POSENC_CPU_ISA=avx2 python benchmarks/bench_cpu.py   # cap the kernels' instruction set (see README)
     python benchmarks/bench_cpu.py --threads 1     # one thread (steadier on a shared machine)
     python benchmarks/bench_cpu.py --threads 1 --clock cpu  # this thread's CPU time: immune to time slicing
@@ -382,10 +382,37 @@ def section_decode(s: Settings) -> list[Row]:
     return rows
 
 
+def section_vmap(s: Settings) -> list[Row]:
+    """``torch.func.vmap(apply_rope)`` over V slices (a model ensemble) with shared positions, against
+    V calls in a Python loop and one call on the folded ``[V * B, ...]`` tensors (what the vmap rule
+    makes of it, python/posenc_native/_functorch.py)."""
+    Hq, Hk, D = 32, 8, 128
+    cfg = pn.RopeConfig(head_dim=D)
+    g = torch.Generator().manual_seed(3)
+    rows = []
+    cases = [(8, 1, 1), (64, 1, 1)] + ([] if s.quick else [(8, 4, 128)])
+    for V, B, S in cases:
+        q = torch.randn(V, B, S, Hq, D, generator=g)
+        k = torch.randn(V, B, S, Hk, D, generator=g)
+        pos = torch.arange(1000, 1000 + S).expand(B, S).contiguous()
+        folded_pos = pos.repeat(V, 1)
+        pn.apply_rope(q[0], k[0], pos, config=cfg)  # the config's frequency cache is filled in eager mode only
+        vmapped = torch.func.vmap(lambda a, b: pn.apply_rope(a, b, pos, config=cfg))
+        ours, loop, folded = bench_together([
+            lambda: vmapped(q, k),
+            lambda: [pn.apply_rope(q[i], k[i], pos, config=cfg) for i in range(V)],
+            lambda: pn.apply_rope(q.view(V * B, S, Hq, D), k.view(V * B, S, Hk, D), folded_pos, config=cfg)], s)
+        name = f"vmap V={V} q=[{B},{S},{Hq},{D}] float32"
+        rows.append(Row(name, ours, f"{V} calls in a loop", loop))
+        rows.append(Row(name, ours, "one call on [V*B, ...]", folded))
+    return rows
+
+
 SECTIONS: dict[str, Callable[[Settings], list[Row]]] = {
     "sinusoidal": section_sinusoidal,
     "rope": section_rope,
     "decode": section_decode,
+    "vmap": section_vmap,
 }
 
 

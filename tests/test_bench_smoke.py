@@ -105,6 +105,15 @@ def test_bench_quick_decode():
         assert what in names, f"{what!r} missing from the table:\n{proc.stdout}"
 
 
+@pytest.mark.skipif(not BENCH.exists(), reason="benchmarks/ not in this tree")
+def test_bench_quick_vmap():
+    proc = run_bench("--only", "vmap", "--threads", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    names = " ".join(table_rows(proc.stdout))
+    for what in ("vmap V=8 ", "vmap V=64 ", "8 calls in a loop", "one call on [V*B, ...]"):
+        assert what in names, f"{what!r} missing from the table:\n{proc.stdout}"
+
+
 MROPE_BENCH = BENCH.parent / "bench_mrope.py"
 
 

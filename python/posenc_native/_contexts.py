@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import torch
 
+functorch_transforms_active = torch._C._are_functorch_transforms_active
+
 # no-argument queries, each true (non-zero) while that kind of interception is active
-MODES_ACTIVE = (torch._C._are_functorch_transforms_active, torch._C._len_torch_dispatch_stack,
+MODES_ACTIVE = (functorch_transforms_active, torch._C._len_torch_dispatch_stack,
                 torch._C._is_torch_function_mode_enabled)
 
 

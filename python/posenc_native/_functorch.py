@@ -23,6 +23,7 @@ import torch
 from torch._C._functorch import TransformType
 from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 
+from ._contexts import functorch_transforms_active
 from ._library import load_library
 
 load_library()
@@ -101,7 +102,7 @@ _is_compiling = torch.compiler.is_compiling
 
 def transforms_active() -> bool:
     """Whether a torch.func transform is active in eager mode (under torch.compile the ops are traced)."""
-    return bool(torch._C._are_functorch_transforms_active()) and not _is_compiling()
+    return bool(functorch_transforms_active()) and not _is_compiling()
 
 
 _DIFFERENTIATING = (TransformType.Grad, TransformType.Jvp)

@@ -14,6 +14,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ._functorch import dispatch
+
 
 @functools.lru_cache(maxsize=None)
 def op_args(name: str) -> type:
@@ -36,8 +38,6 @@ def bind(name: str, args: tuple) -> NamedTuple:
 def call(name: str, source: Any = None, **given: Any) -> Any:
     """``torch.ops.posenc.<name>`` with each argument taken from ``given``, else from the field of
     the same name of ``source`` (the bound arguments of another op)."""
-    from ._functorch import dispatch  # (imports this module's users' op library)
-
     return dispatch(name, *[given[f] if f in given else getattr(source, f) for f in op_args(name)._fields])
 
 

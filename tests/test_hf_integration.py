@@ -5,6 +5,7 @@ must give the same logits (<= 1e-4 max abs) and the same greedy generation (KV c
 positions), and unpatch must give back exactly the original outputs.
 """
 import copy
+import functools
 import os
 import pickle
 
@@ -375,6 +376,13 @@ def test_training_gradients_match():
     hfi.unpatch(model)
 
 
+def _wrapped(rotation) -> bool:
+    """Whether posenc's dispatcher is installed for a modeling module's rotation global: the global
+    itself for a function, its ``forward`` for a function module (transformers with ``kernels``)."""
+    target = vars(rotation).get("forward") if isinstance(rotation, torch.nn.Module) else rotation
+    return hasattr(target, "__posenc_original__")
+
+
 def test_patch_twice_is_idempotent_and_unpatch_restores_globals():
     from transformers.models.gptj import modeling_gptj as mj
     from transformers.models.llama import modeling_llama as ml
@@ -385,17 +393,18 @@ def test_patch_twice_is_idempotent_and_unpatch_restores_globals():
     want_a = _logits(a, ids)
     hfi.patch(a)
     hfi.patch(a)  # no-op
-    assert ml.apply_rotary_pos_emb is not orig_llama
+    assert _wrapped(ml.apply_rotary_pos_emb)
     # another model of the same family, unpatched, is not affected by a's patch
     assert torch.equal(_logits(b, ids), want_a)
     hfi.patch(b)
     hfi.patch(j)
     hfi.unpatch(a)
-    assert ml.apply_rotary_pos_emb is not orig_llama  # b still needs the dispatcher
+    assert _wrapped(ml.apply_rotary_pos_emb)  # b still needs the dispatcher
     assert torch.equal(_logits(a, ids), want_a)
     hfi.unpatch(b)
     hfi.unpatch(j)
     assert ml.apply_rotary_pos_emb is orig_llama and mj.apply_rotary_pos_emb is orig_gptj
+    assert not _wrapped(orig_llama) and not _wrapped(orig_gptj)
     assert "_get_embed_positions" not in j.transformer.h[0].attn.__dict__
     with pytest.raises(ValueError, match="not patched"):
         hfi.unpatch(a)
@@ -599,6 +608,78 @@ def test_rotation_the_kernel_does_not_reproduce_is_refused(monkeypatch):
     assert not hfi.is_patched(model) and type(model.model.rotary_emb).__name__ == "LlamaRotaryEmbedding"
     assert ml.apply_rotary_pos_emb is apply_rotary_pos_emb
     assert "reproduces no rotation function" in hfi.check(model)
+
+
+class _RotationModule(torch.nn.Module):
+    """A rotation function as a parameter-free module, as transformers' ``@use_kernel_forward_from_hub``
+    makes ``apply_rotary_pos_emb`` when ``kernels`` is installed; its rotation written out here (rotate
+    half), independent of transformers'."""
+
+    def forward(self, q, k, cos, sin, unsqueeze_dim=1):
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+
+        def rotate_half(x):
+            return torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def _assert_patched_through(model, ml, original, ids, pickles: bool = True):
+    """``model`` (a Llama whose modeling module ``ml`` holds ``original``) patched matches its
+    unpatched logits, another unpatched Llama is untouched meanwhile (and pickles), and unpatching
+    restores ``original`` itself and bit-identical logits. A function module stays the global
+    throughout: its ``forward`` is what is wrapped."""
+    other = _model("llama")
+    want = _logits(model, ids)
+    hfi.patch(model)
+    if isinstance(original, torch.nn.Module):
+        assert ml.apply_rotary_pos_emb is original
+    assert _wrapped(ml.apply_rotary_pos_emb) and hfi.is_patched(model)
+    _assert_close_logits(_logits(model, ids), want)
+    assert torch.equal(_logits(other, ids), want)  # through the wrapper to `original`, as before
+    # an unpatched model of the family pickles and loads meanwhile (kernels rebuilds its attentions'
+    # private copies of the function module from the global's type)
+    if pickles:
+        assert torch.equal(_logits(pickle.loads(pickle.dumps(other)), ids), want)
+    hfi.unpatch(model)
+    assert ml.apply_rotary_pos_emb is original and not _wrapped(original)
+    assert torch.equal(_logits(model, ids), want)
+
+
+def test_rotation_function_made_a_module_by_kernels():
+    """With the ``kernels`` package installed (transformers >= 5.25 requires it) the modeling
+    modules' ``apply_rotary_pos_emb`` is a function module, not a function; patching routes it and
+    unpatching puts that very module back."""
+    from transformers.models.llama import modeling_llama as ml
+
+    original = ml.apply_rotary_pos_emb
+    if not isinstance(original, torch.nn.Module):
+        pytest.skip("without the kernels package transformers' rotation functions stay functions")
+    _assert_patched_through(_model("llama"), ml, original, _ids(2, 13))
+
+
+def test_a_function_module_stands_in_for_the_function(monkeypatch):
+    """The same on any transformers: a parameter-free module in place of the rotation function is
+    probed through its forward's signature, patched and restored."""
+    from transformers.models.llama import modeling_llama as ml
+
+    module = _RotationModule()
+    monkeypatch.setattr(ml, "apply_rotary_pos_emb", module)
+    # (not pickled: kernels would rebuild its attentions' private copies as this test's module class)
+    _assert_patched_through(_model("llama"), ml, module, _ids(2, 13), pickles=False)
+
+
+@pytest.mark.parametrize("make", [lambda: functools.partial(_RotationModule().forward),
+                                  lambda: torch.nn.Linear(2, 2)], ids=["partial", "module-with-parameters"])
+def test_a_rotation_callable_posenc_cannot_route_is_refused(monkeypatch, make):
+    """A rotation-named callable that is neither a function nor a function module (a partial, a
+    module holding weights) would be handed the rotary positions all the same: refused, nothing swapped."""
+    from transformers.models.llama import modeling_llama as ml
+
+    monkeypatch.setattr(ml, "apply_rotary_pos_emb", make())
+    model = _model("llama")
+    with pytest.raises(hfi.UnsupportedModelError, match="calls apply_rotary_pos_emb, a .* that posenc cannot route"):
+        hfi.patch(model)
+    assert not hfi.is_patched(model) and type(model.model.rotary_emb).__name__ == "LlamaRotaryEmbedding"
 
 
 def _trailing_q_rotation(leading: bool = False):

@@ -52,7 +52,7 @@ from torch import nn
 from ..._rope_math import axis_inv_freq
 from ...config import RopeConfig
 from .families import PAIRINGS, Pairing
-from .rotations import RotationSpec, _deinterleave, original_of, signature_params
+from .rotations import RotationSpec, _deinterleave, is_function_module, original_of, signature_params
 from .runtime import _ERR, AxisTableRegime, Regime, UnsupportedModelError
 
 _PROBE_ATOL = 1e-4
@@ -110,7 +110,8 @@ def _rotation_functions(model: nn.Module) -> dict[tuple[str, str], Callable]:
     """Functions named like a rotation (``*rotary*``/``*rope*``) that a forward taking
     ``position_embeddings`` calls, or one that calls a rotary module of its own (Moshi, IDEFICS,
     RecurrentGemma: ``cos, sin = self.rotary_emb(...)`` in the attention), resolved in its module's
-    globals (unwrapped if posenc wrapped them)."""
+    globals (unwrapped if posenc wrapped them): Python functions, or the function modules transformers
+    makes of them when ``kernels`` is installed (:func:`.rotations.is_function_module`)."""
     found: dict[tuple[str, str], Callable] = {}
     seen: set[type] = set()
     for _, m in model.named_modules():
@@ -139,8 +140,13 @@ def _rotation_functions(model: nn.Module) -> dict[tuple[str, str], Callable]:
             if "rotary" not in low and "rope" not in low:
                 continue
             fn = getattr(module, name, None)
-            if isinstance(fn, types.FunctionType):
+            if isinstance(fn, types.FunctionType) or is_function_module(fn):
                 found[(cls.__module__, name)] = original_of(fn)
+            elif callable(fn) and not isinstance(fn, type):
+                # left out, it would be handed rotary positions all the same: refuse instead
+                raise UnsupportedModelError(
+                    f"{_ERR}: {cls.__name__}.forward calls {name}, a {type(fn).__name__} that posenc cannot "
+                    "route (neither a Python function nor a parameter-free function module)")
     return found
 
 

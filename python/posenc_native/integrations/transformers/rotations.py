@@ -7,7 +7,8 @@ patched (reference counted) and decides per call by the *type* of its ``cos`` ar
 models (whose rotary module still returns tensors) go to the original function unchanged; the
 cost for them is one ``isinstance`` per call while another model is patched. Replacing each
 attention's ``forward`` instead would avoid touching globals but silently drift whenever
-transformers edits a forward.
+transformers edits a forward. With the ``kernels`` package installed the global is a function
+module (:func:`is_function_module`): its ``forward`` is wrapped instead, the global left in place.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
+from torch import nn
 
 from .runtime import _ERR, RotaryPositions, UnsupportedModelError
 
@@ -63,7 +65,7 @@ def make_wrapper(original: Callable, spec: RotationSpec, key: tuple[str, str]) -
     def arg(args, kwargs, i, default=None):
         return args[i] if len(args) > i else kwargs.get(params[i], default)
 
-    @functools.wraps(original)
+    @functools.wraps(original, updated=())  # (a function module's __dict__ is its module state)
     def wrapper(*args, **kwargs):
         h = args[hi] if len(args) > hi else kwargs.get(hname)
         if spec.kind == "gptj":  # the handle, or (transformers < 5.24) the stand-in for GPT-J's table holding it
@@ -93,7 +95,7 @@ def make_wrapper(original: Callable, spec: RotationSpec, key: tuple[str, str]) -
             ud = arg(args, kwargs, ui, 1) if ui is not None else 1
             layout = _LAYOUTS.get(ud)
             if layout is None:
-                raise ValueError(f"{_ERR}: {original.__name__} with unsqueeze_dim={ud} is not supported")
+                raise ValueError(f"{_ERR}: {key[1]} with unsqueeze_dim={ud} is not supported")
         if spec.kind == "x":
             out = h.rotate(arg(args, kwargs, 0), None, layout, interleaved, inverse)[0]
             return _deinterleave(out, 2 * h.inv_freq.shape[-1]) if pairing.deinterleave else out
@@ -113,9 +115,22 @@ def make_wrapper(original: Callable, spec: RotationSpec, key: tuple[str, str]) -
     return wrapper
 
 
+def is_function_module(obj: object) -> bool:
+    """A module instance with no parameters or buffers standing in for a function: what
+    ``@use_kernel_forward_from_hub`` makes of ``apply_rotary_pos_emb`` and kin when the ``kernels``
+    package is installed (transformers >= 5.25 requires it), so that ``kernelize`` can swap in a hub
+    kernel. It is called like the function, and its ``forward`` carries the function's signature."""
+    return (isinstance(obj, nn.Module) and next(obj.parameters(), None) is None
+            and next(obj.buffers(), None) is None)
+
+
 def signature_params(fn: Callable) -> tuple[str, ...]:
+    """The parameter names of ``fn`` (of its ``forward`` without ``self`` for a function module)."""
+    fn = inspect.unwrap(fn)
     try:
-        return tuple(inspect.signature(inspect.unwrap(fn)).parameters)
+        if isinstance(fn, nn.Module):
+            return tuple(inspect.signature(type(fn).forward).parameters)[1:]
+        return tuple(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
         return ()
 
@@ -124,7 +139,19 @@ def signature_params(fn: Callable) -> tuple[str, ...]:
 # Reference-counted installation
 
 _LOCK = threading.RLock()
-_INSTALLED: dict[tuple[str, str], list] = {}  # (module, name) -> [original, wrapper, number of patched models]
+_MISSING = object()
+
+
+@dataclass
+class _Installed:
+    host: object  # what holds the swapped attribute: the modeling module, or its function module
+    attr: str
+    before: object  # the host's own attribute before the swap (_MISSING: none, a function module's class forward)
+    wrapper: Callable
+    models: int  # patched models using it
+
+
+_INSTALLED: dict[tuple[str, str], _Installed] = {}  # (module, name) -> what was swapped there
 
 
 def original_of(fn: Callable) -> Callable:
@@ -132,39 +159,49 @@ def original_of(fn: Callable) -> Callable:
     return getattr(fn, "__posenc_original__", None) or fn
 
 
+def _host(module: object, name: str) -> tuple[object, str]:
+    """Where ``module.<name>`` is swapped: that global for a function; for a function module, its
+    ``forward``, so that the global stays the same object (kernels finds it by name: pickling rebuilds
+    each attention's private copy as ``type(<global>)()``, and ``use_kernelized_func`` routes calls of
+    it by its id)."""
+    current = getattr(module, name)
+    return (current, "forward") if is_function_module(current) else (module, name)
+
+
 def install(module_name: str, name: str, spec: RotationSpec) -> None:
     module = sys.modules[module_name]
     with _LOCK:
         entry = _INSTALLED.get((module_name, name))
-        current = getattr(module, name)
         if entry is None:
-            current = original_of(current)  # a stale wrapper (module reloaded?)
+            host, attr = _host(module, name)
+            current = original_of(getattr(host, attr))  # a stale wrapper (module reloaded?)
             wrapper = make_wrapper(current, spec, (module_name, name))
-            setattr(module, name, wrapper)
-            _INSTALLED[(module_name, name)] = [current, wrapper, 1]
+            before = vars(host).get(attr, _MISSING)
+            setattr(host, attr, wrapper)
+            _INSTALLED[(module_name, name)] = _Installed(host, attr, before, wrapper, 1)
             return
-        if current is not entry[1]:
+        if vars(entry.host).get(entry.attr) is not entry.wrapper or (
+                entry.host is not module and getattr(module, name) is not entry.host):
             raise RuntimeError(
                 f"{_ERR}: {module_name}.{name} was replaced by other code after posenc wrapped it, so models "
                 "patched by posenc would break; undo that replacement first")
-        entry[2] += 1
+        entry.models += 1
 
 
 def uninstall(module_name: str, name: str) -> None:
-    module = sys.modules.get(module_name)
     with _LOCK:
         entry = _INSTALLED.get((module_name, name))
         if entry is None:
             return
-        entry[2] -= 1
-        if entry[2] > 0:
+        entry.models -= 1
+        if entry.models > 0:
             return
         del _INSTALLED[(module_name, name)]
-        if module is None:
-            return
-        if getattr(module, name) is entry[1]:
-            setattr(module, name, entry[0])
-        else:
+        if vars(entry.host).get(entry.attr) is not entry.wrapper:
             warnings.warn(f"{_ERR}: {module_name}.{name} was replaced by other code after posenc wrapped it; "
                           "leaving that replacement in place", RuntimeWarning, stacklevel=3)
+        elif entry.before is _MISSING:
+            delattr(entry.host, entry.attr)
+        else:
+            setattr(entry.host, entry.attr, entry.before)
 

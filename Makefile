@@ -31,8 +31,9 @@ test: build
 
 # The wheel file `make test` built (dist/, not rebuilt) in a fresh virtual environment with another
 # torch, the CPU-only 2.13.0 by default, and the test suite there: one wheel serves every torch in
-# the range of pyproject.toml, CUDA build or not (ci/wheel_smoke.sh, WITH_TESTS=1). With it the
-# previous transformers release, so the patcher's paths for older modeling code stay tested too.
+# the range of pyproject.toml, CUDA build or not (ci/wheel_smoke.sh, WITH_TESTS=1). With it an
+# older transformers, 5.23: the last whose GPT-J and CodeGen rotate inside their attention, and one
+# that does not require `kernels` (plain rotation functions), so those paths stay tested too.
 SECOND_TORCH ?= torch==2.13.0
 SECOND_TRANSFORMERS ?= transformers==5.23.0
 test-second-torch:

@@ -1,6 +1,6 @@
 """Model types verified end to end by tests/test_transformers_coverage.py (written by it with
 POSENC_UPDATE_COVERAGE=1; do not edit)."""
-TRANSFORMERS = '5.24.0'
+TRANSFORMERS = '5.25.0'
 MODEL_TYPES = (
     'afmoe',
     'apertus',
@@ -48,6 +48,7 @@ MODEL_TYPES = (
     'embedding_gemma2',
     'embedding_gemma2_text',
     'emu3',
+    'ergo',
     'ernie4_5',
     'ernie4_5_moe',
     'ernie4_5_vl_moe',
@@ -130,6 +131,7 @@ MODEL_TYPES = (
     'kimi_k25',
     'kimi_k25_vision',
     'kolibri1',
+    'kolibri1_1',
     'kyutai_speech_to_text',
     'laguna',
     'lara_mini',
@@ -149,11 +151,13 @@ MODEL_TYPES = (
     'llava_next',
     'llava_next_video',
     'llava_onevision',
+    'llava_onevision1_5',
     'longcat_flash',
     'mellum',
     'mimi_encoder',
     'mimo_v2_flash',
     'minicpm3',
+    'minicpm5_moe',
     'minicpm_ocr',
     'minicpmv4_6',
     'minicpmv4_7',
@@ -194,9 +198,12 @@ MODEL_TYPES = (
     'omniasr',
     'openai_privacy_filter',
     'ovis2',
+    'ovis2_5',
+    'ovis2_5_vision',
     'paddleocr_vl',
     'paddleocr_vl_vision',
     'paligemma',
+    'param2moe',
     'pe_audio_encoder',
     'persimmon',
     'phi',

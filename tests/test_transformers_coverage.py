@@ -170,6 +170,11 @@ _OVERRIDES: dict[str, dict] = {
     "idefics_vision": dict(image_size=56),  # 4x4 patches of 14
     "llava_onevision1_5_vision": dict(num_heads=4, out_hidden_size=64),  # 16-dim heads: 4 axial quarters of 4
     # --- speech and audio
+    "qwen2_audio_encoder": dict(encoder_attention_heads=4, encoder_ffn_dim=128, num_mel_bins=16),  # 16-dim heads
+    # the adaptor's width must be the text model's (and its MLP a quarter of it); 1 of 2 encoder layers for timestamps
+    "fun_asr_nano": dict(adaptor_config=dict(hidden_size=64, intermediate_size=16, num_attention_heads=4,
+                                             projector_hidden_size=128)),
+    "fun_asr_nano_encoder": dict(num_timestamp_prediction_layers=1, num_mel_bins=16),
     # CSM: vocab_size is the codebooks' (2051), not above the text ids; a tiny Mimi codec
     "csm": dict(vocab_size=2051, num_codebooks=4, codec_config=dict(
         _MIMI, model_type="mimi", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

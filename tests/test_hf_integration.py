@@ -610,6 +610,11 @@ def test_rotation_the_kernel_does_not_reproduce_is_refused(monkeypatch):
     assert "reproduces no rotation function" in hfi.check(model)
 
 
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """The half-split pairing's partner, written out here, independent of transformers'."""
+    return torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)
+
+
 class _RotationModule(torch.nn.Module):
     """A rotation function as a parameter-free module, as transformers' ``@use_kernel_forward_from_hub``
     makes ``apply_rotary_pos_emb`` when ``kernels`` is installed; its rotation written out here (rotate
@@ -617,10 +622,7 @@ class _RotationModule(torch.nn.Module):
 
     def forward(self, q, k, cos, sin, unsqueeze_dim=1):
         cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-
-        def rotate_half(x):
-            return torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
 def _assert_patched_through(model, ml, original, ids, pickles: bool = True):
@@ -685,15 +687,12 @@ def test_a_rotation_callable_posenc_cannot_route_is_refused(monkeypatch, make):
 def _trailing_q_rotation(leading: bool = False):
     """A rotation that takes a q shorter than k (a drafter's block after its context, as MuseGlimmer's):
     q at k's last positions, or (``leading``) at its first ones, which no pairing reproduces."""
-    def rotate_half(x):
-        return torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)
-
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
         cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
         n = q.shape[-2]
         cut = slice(0, n) if leading else slice(-n, None)
-        q_embed = q * cos[..., cut, :] + rotate_half(q) * sin[..., cut, :]
-        return q_embed, k * cos + rotate_half(k) * sin
+        q_embed = q * cos[..., cut, :] + _rotate_half(q) * sin[..., cut, :]
+        return q_embed, k * cos + _rotate_half(k) * sin
     return apply_rotary_pos_emb
 
 

@@ -551,26 +551,20 @@ def _check_rope_fake(name: str, args: tuple):
     return a
 
 
-@torch.library.register_fake("posenc::rope")
-def _rope_fake(*args):
-    a = _check_rope_fake("rope", args)
-    return _rows_like(a.q), _rows_like(a.k)
+def _register_rotation_fakes(name: str) -> None:
+    """The fake kernels of a rotation op and its in-place twin (``name_``): new q and k rows, or nothing."""
+    @torch.library.register_fake(f"posenc::{name}")
+    def _out_of_place(*args):
+        a = _check_rope_fake(name, args)
+        return _rows_like(a.q), _rows_like(a.k)
+
+    @torch.library.register_fake(f"posenc::{name}_")
+    def _in_place(*args):
+        _check_rope_fake(f"{name}_", args)
 
 
-@torch.library.register_fake("posenc::rope_")
-def _rope_inplace_fake(*args):
-    _check_rope_fake("rope_", args)
-
-
-@torch.library.register_fake("posenc::rope_cos_sin")
-def _rope_cos_sin_fake(*args):
-    a = _check_rope_fake("rope_cos_sin", args)
-    return _rows_like(a.q), _rows_like(a.k)
-
-
-@torch.library.register_fake("posenc::rope_cos_sin_")
-def _rope_cos_sin_inplace_fake(*args):
-    _check_rope_fake("rope_cos_sin_", args)
+for _rotation in ("rope", "rope_cos_sin"):
+    _register_rotation_fakes(_rotation)
 
 
 def _meta(t: torch.Tensor):

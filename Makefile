@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEPS_STAMP := $(VENV)/.posenc-deps
 
-.PHONY: run test build bench coverage clean sanitize test-second-torch
+.PHONY: run test build bench coverage clean sanitize test-second-torch test-newest-torch
 .DEFAULT_GOAL := test
 
 $(DEPS_STAMP): requirements-dev.txt
@@ -38,6 +38,13 @@ SECOND_TORCH ?= torch==2.13.0
 SECOND_TRANSFORMERS ?= transformers==5.23.0
 test-second-torch:
 	WITH_TESTS=1 TORCH_SPEC=$(SECOND_TORCH) TRANSFORMERS_SPEC=$(SECOND_TRANSFORMERS) PYTHON=$(PYTHON) bash ci/wheel_smoke.sh
+
+# The same wheel file and suite with the newest torch release (a CUDA build from the package index),
+# as a user who installs torch today gets it: the newest end of the range. PIP_CONSTRAINT=/dev/null
+# in place of this machine kind's pip constraints, which cap torch at 2.14.1 (the files on its disk).
+NEWEST_TORCH ?= torch==2.15.0
+test-newest-torch:
+	PIP_CONSTRAINT=/dev/null WITH_TESTS=1 TORCH_SPEC=$(NEWEST_TORCH) PYTHON=$(PYTHON) bash ci/wheel_smoke.sh
 
 # The CPU op library built with AddressSanitizer and UndefinedBehaviorSanitizer (build/sanitize, its
 # own build dir), and the RoPE, sinusoidal, adversarial, element-by-element and decode fast path (direct entry) tests run

@@ -58,15 +58,36 @@ def test_vmapped_q_and_k_match_each_slice_in_one_call(layout, positions, interle
 
 
 def test_q_alone_vmapped_and_a_vmapped_dim_not_first():
-    """k shared by every slice (not vmapped), q vmapped over its dim 2: the rule moves and expands them."""
+    """k shared by every slice (captured, not vmapped), q vmapped over its dim 2: q folded, k rotated
+    once and handed back unbatched (vmap broadcasts it: one tensor, stride 0 over the slices)."""
     cfg = _config()
     q = _randn(B, S, V, H, D, seed=4)
     k = _randn(B, S, KV, D, seed=5)
     pos = _positions(B, S, seed=6)
-    got_q, got_k = torch.func.vmap(lambda a: pn.apply_rope(a, k, pos, config=cfg), in_dims=2)(q)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*batching rule.*")
+        got_q, got_k = torch.func.vmap(lambda a: pn.apply_rope(a, k, pos, config=cfg), in_dims=2)(q)
+    assert got_k.shape == (V, *k.shape) and got_k.stride(0) == 0
     want_k = reference.apply_rope(k.double(), None, pos, cfg)[0]
     for i in range(V):
         _check(got_q[i], reference.apply_rope(q[:, :, i].double(), None, pos, cfg)[0])
+        _check(got_k[i], want_k)
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_k_alone_vmapped_with_a_captured_q(layout):
+    """The other way round: q captured, k vmapped (per-slice positions rows repeated as when both are)."""
+    cfg = _config(scaling=dict(rope_type="linear", factor=2.0))
+    q = _randn(*_shape(layout, H), seed=38)
+    k = _randn(V, *_shape(layout, KV), seed=39)
+    pos = _positions(B, S, seed=40)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*batching rule.*")
+        got_q, got_k = torch.func.vmap(lambda b: pn.apply_rope(q, b, pos, config=cfg, layout=layout))(k)
+    assert got_q.shape == (V, *q.shape) and got_q.stride(0) == 0
+    for i in range(V):
+        want_q, want_k = reference.apply_rope(q.double(), k[i].double(), pos, cfg, layout=layout)
+        _check(got_q[i], want_q)
         _check(got_k[i], want_k)
 
 

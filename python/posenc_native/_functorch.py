@@ -14,8 +14,10 @@ per vmapped slice (and warns of the performance drop). The common case, q and k 
 model ensemble, per-sample gradients) with the positions, cu_seqlens and frequencies shared, folds
 the vmapped dimension into the op's batch dimension (``bhsd``/``bshd``: ``[V, B, ...]`` ->
 ``[V * B, ...]``, positions repeated per batch row) and calls the op once: each row is rotated
-exactly as in its own call. Anything else (vmapped positions or frequencies, the packed ``thd``
-layout) is run slice by slice, as torch's fallback would.
+exactly as in its own call. When only one of q and k is vmapped (the other captured), the other is
+rotated once, in a call of its own, and returned unbatched instead of copied to every slice.
+Anything else (vmapped positions or frequencies, the packed ``thd`` layout) is run slice by slice,
+as torch's fallback would.
 """
 from __future__ import annotations
 
@@ -45,6 +47,13 @@ def _foldable(q_all: torch.Tensor, k_all: torch.Tensor, positions, layout: str, 
     return positions is None or positions.dim() < 2 or positions.shape[-2] in (1, q_all.shape[1])
 
 
+def _no_heads(t: torch.Tensor, layout: str, batch: int) -> torch.Tensor:
+    """An empty partner for the op: ``t``'s shape with ``batch`` rows and 0 heads."""
+    shape = list(t.shape)
+    shape[0], shape[2 if layout == "bshd" else 1] = batch, 0
+    return t.new_empty(shape)
+
+
 def _rope_vmap(info, in_dims, q, k, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset,
                inverse):
     q_dim, k_dim, pos_dim, cu_dim, freq_dim = in_dims[:5]
@@ -54,10 +63,26 @@ def _rope_vmap(info, in_dims, q, k, positions, cu_seqlens, inv_freq, attention_f
     shared = pos_dim is None and cu_dim is None and freq_dim is None and cu_seqlens is None
     if _foldable(q_all, k_all, positions, layout, shared):
         batch = q_all.shape[1]
+        folded_positions = positions
         if positions is not None and positions.dim() >= 2 and positions.shape[-2] != 1:
-            positions = positions.repeat(*([1] * (positions.dim() - 2)), size, 1)
-        out_q, out_k = op(q_all.reshape(size * batch, *q_all.shape[2:]), k_all.reshape(size * batch, *k_all.shape[2:]),
-                          positions, None, inv_freq, attention_factor, interleaved, layout, offset, inverse)
+            folded_positions = positions.repeat(*([1] * (positions.dim() - 2)), size, 1)
+        rest = (inv_freq, attention_factor, interleaved, layout, offset, inverse)
+
+        def folded(t_all: torch.Tensor) -> torch.Tensor:
+            return t_all.reshape(size * batch, *t_all.shape[2:])
+
+        # k the same in every slice (captured, say; or q alone's empty k): rotated once, returned unbatched
+        if k_dim is None:
+            out_q = op(folded(q_all), _no_heads(k, layout, size * batch), folded_positions, None, *rest)[0]
+            out_k = op(_no_heads(q_all[0], layout, batch), k, positions, None, *rest)[1] if k.numel() else \
+                k.new_empty(k.shape)
+            return (out_q.view(q_all.shape), out_k), (0, None)
+        if q_dim is None:  # likewise q
+            out_q = op(q, _no_heads(k_all[0], layout, batch), positions, None, *rest)[0] if q.numel() else \
+                q.new_empty(q.shape)
+            out_k = op(_no_heads(q, layout, size * batch), folded(k_all), folded_positions, None, *rest)[1]
+            return (out_q, out_k.view(k_all.shape)), (None, 0)
+        out_q, out_k = op(folded(q_all), folded(k_all), folded_positions, None, *rest)
         return (out_q.view(q_all.shape), out_k.view(k_all.shape)), (0, 0)
     outs = [op(q_all[i], k_all[i], _slice(positions, pos_dim, i), _slice(cu_seqlens, cu_dim, i),
                _slice(inv_freq, freq_dim, i), attention_factor, interleaved, layout, offset, inverse)

@@ -47,10 +47,10 @@ def _foldable(q_all: torch.Tensor, k_all: torch.Tensor, positions, layout: str, 
     return positions is None or positions.dim() < 2 or positions.shape[-2] in (1, q_all.shape[1])
 
 
-def _no_heads(t: torch.Tensor, layout: str, batch: int) -> torch.Tensor:
-    """An empty partner for the op: ``t``'s shape with ``batch`` rows and 0 heads."""
+def _no_heads(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """An empty partner for the op: ``t``'s shape with 0 heads."""
     shape = list(t.shape)
-    shape[0], shape[2 if layout == "bshd" else 1] = batch, 0
+    shape[2 if layout == "bshd" else 1] = 0
     return t.new_empty(shape)
 
 
@@ -71,17 +71,21 @@ def _rope_vmap(info, in_dims, q, k, positions, cu_seqlens, inv_freq, attention_f
         def folded(t_all: torch.Tensor) -> torch.Tensor:
             return t_all.reshape(size * batch, *t_all.shape[2:])
 
-        # k the same in every slice (captured, say; or q alone's empty k): rotated once, returned unbatched
-        if k_dim is None:
-            out_q = op(folded(q_all), _no_heads(k, layout, size * batch), folded_positions, None, *rest)[0]
-            out_k = op(_no_heads(q_all[0], layout, batch), k, positions, None, *rest)[1] if k.numel() else \
-                k.new_empty(k.shape)
-            return (out_q.view(q_all.shape), out_k), (0, None)
-        if q_dim is None:  # likewise q
-            out_q = op(q, _no_heads(k_all[0], layout, batch), positions, None, *rest)[0] if q.numel() else \
-                q.new_empty(q.shape)
-            out_k = op(_no_heads(q, layout, size * batch), folded(k_all), folded_positions, None, *rest)[1]
-            return (out_q, out_k.view(k_all.shape)), (None, 0)
+        def alone(t: torch.Tensor, is_q: bool, pos) -> torch.Tensor:
+            """q or k rotated by itself, its partner empty (an empty one needs no call)."""
+            if t.numel() == 0:
+                return t.new_empty(t.shape)
+            empty = _no_heads(t, layout)
+            return op(t, empty, pos, None, *rest)[0] if is_q else op(empty, t, pos, None, *rest)[1]
+
+        if q_dim is None or k_dim is None:
+            # one of them the same in every slice (captured, say; or q alone's empty k): rotated once
+            # and returned unbatched; the other folded
+            out_q = alone(q, True, positions) if q_dim is None else \
+                alone(folded(q_all), True, folded_positions).view(q_all.shape)
+            out_k = alone(k, False, positions) if k_dim is None else \
+                alone(folded(k_all), False, folded_positions).view(k_all.shape)
+            return (out_q, out_k), (None if q_dim is None else 0, None if k_dim is None else 0)
         out_q, out_k = op(folded(q_all), folded(k_all), folded_positions, None, *rest)
         return (out_q.view(q_all.shape), out_k.view(k_all.shape)), (0, 0)
     outs = [op(q_all[i], k_all[i], _slice(positions, pos_dim, i), _slice(cu_seqlens, cu_dim, i),

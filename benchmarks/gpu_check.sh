@@ -72,5 +72,17 @@ step tests python3 -m pytest -q -p no:cacheprovider tests/test_rope.py tests/tes
   -k "cuda or precision or opcheck or reduce_overhead" --hypothesis-seed=0
 step bench python3 benchmarks/bench_gpu.py --out "$OUT/bench.md"
 step profile python3 benchmarks/gpu_profile.py --out "$OUT/profile.md"
+# Out-of-bounds and misaligned device accesses in every kernel the selfcheck reaches (RoPE, MRoPE,
+# sinusoidal, T5/ALiBi bias, forward and backward). Without the caching allocator each tensor is its
+# own allocation, so a read past a tensor's end is caught, not hidden inside a pooled block.
+SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
+if [[ -n "$SANITIZER" ]]; then
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 step memcheck timeout 150 "$SANITIZER" --tool memcheck \
+    --error-exitcode 3 python3 -m posenc_native
+else
+  say "memcheck   skipped: no compute-sanitizer"
+fi
 # (a CPU dry run of the benchmark code: python3 benchmarks/bench_gpu.py --device cpu --tokens 256 --table-len 256 --x-seq 256)
+# The device tool brings back at most 8 files: the logs travel as one archive.
+(cd "$OUT" && tar -czf logs.tar.gz ./*.log && rm -f ./*.log)
 say "done"

@@ -493,20 +493,42 @@ def test_int32_positions_plus_large_offset_do_not_wrap(device, offset):
         assert not torch.allclose(got.cpu(), reference.add_sinusoidal(x, p32)), "offset lost"
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("positions, offset", [
+# Positions (plus offset) just outside the domain, int64 wrap-arounds included. On the CPU they raise
+# before any write; on the GPU the kernel stops (test_cuda_values_outside_the_contract_stop_the_kernel).
+BAD_POSITIONS = [
     ([2 ** 48 + 1], 0), ([-(2 ** 48) - 1], 0), ([1], 2 ** 63 - 1), ([2 ** 62], 2 ** 62), ([-(2 ** 63)], -1),
     ([2 ** 63 - 1], 1), ([0], -(2 ** 63)), ([2 ** 60], 0), ([5], MAX_POSITION),
-])
-def test_positions_outside_domain_raise(device, positions, offset):
-    q = torch.randn(1, 1, 2, 8, device=device)
+]
+
+
+@pytest.mark.parametrize("positions, offset", BAD_POSITIONS)
+def test_positions_outside_domain_raise(positions, offset):
+    q = torch.randn(1, 1, 2, 8)
     before = q.clone()
-    pos = torch.tensor(positions, device=device)
+    pos = torch.tensor(positions)
     with pytest.raises(RuntimeError, match=r"positions \+ offset must lie in \[-2\^48, 2\^48\]"):
-        pn.apply_rope(q, None, pos, inv_freq=inv_freq(8).to(device), offset=offset)
+        pn.apply_rope(q, None, pos, inv_freq=inv_freq(8), offset=offset)
     with pytest.raises(RuntimeError, match=r"positions \+ offset must lie in \[-2\^48, 2\^48\]"):
-        pn.apply_rope_(q, None, pos, inv_freq=inv_freq(8).to(device), offset=offset)
+        pn.apply_rope_(q, None, pos, inv_freq=inv_freq(8), offset=offset)
     assert torch.equal(q, before)
+
+
+@pytest.mark.parametrize("positions, offset", [([2 ** 48], 0), ([-(2 ** 48)], 0), ([2 ** 62], -(2 ** 62) + 7),
+                                               ([-(2 ** 63)], 2 ** 63 - 1), ([2 ** 63 - 1], -(2 ** 63) + 1)])
+@pytest.mark.parametrize("device", DEVICES)
+def test_positions_at_the_domain_edge_rotate(device, positions, offset):
+    """The edge of the domain, reached through offsets that would wrap if added carelessly: accepted
+    on both devices (the kernel's bounds are the host's), and rotated as the reference does."""
+    g = torch.Generator().manual_seed(12)
+    q = torch.randn(1, 1, 2, 8, generator=g, dtype=torch.float64)
+    pos = torch.tensor(positions)
+    out, _ = pn.apply_rope(q.to(device), None, pos.to(device), inv_freq=torch.full((4,), 2.0 ** -3, dtype=torch.float64,
+                           device=device), offset=offset)
+    total = positions[0] + offset  # Python ints: no wrap
+    angle = torch.tensor(float(total) * 2.0 ** -3, dtype=torch.float64)  # exact: a power of two times an int
+    c, s = torch.cos(angle), torch.sin(angle)
+    a, b = q[..., :4], q[..., 4:]
+    assert rel_err(out, torch.cat([a * c - b * s, b * c + a * s], -1)) <= 1e-9
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -521,16 +543,15 @@ def test_offset_out_of_domain_without_positions(device):
         pn.add_sinusoidal(torch.randn(4, 8, device=device), offset=2 ** 50)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_angle_domain_checks_the_frequencies(device):
-    q = torch.randn(1, 2, 2, 8, device=device)
-    big = torch.full((4,), 2.0 ** 10, dtype=torch.float64, device=device)
+def test_angle_domain_checks_the_frequencies():
+    q = torch.randn(1, 2, 2, 8)
+    big = torch.full((4,), 2.0 ** 10, dtype=torch.float64)
     with pytest.raises(RuntimeError, match=r"position \* inv_freq must stay within 2\^50"):
-        pn.apply_rope(q, None, torch.tensor([0, 2 ** 45], device=device), inv_freq=big)
+        pn.apply_rope(q, None, torch.tensor([0, 2 ** 45]), inv_freq=big)
     with pytest.raises(RuntimeError, match="inv_freq must be finite"):
-        pn.apply_rope(q.cpu(), inv_freq=torch.tensor([1.0, float("nan"), 0.1, 0.01]))
+        pn.apply_rope(q, inv_freq=torch.tensor([1.0, float("nan"), 0.1, 0.01]))
     with pytest.raises(RuntimeError, match=r"within 2\^50"):
-        pn.sinusoidal_table(torch.tensor([2.0 ** 45], device=device), 8, angle_scale=1000.0)
+        pn.sinusoidal_table(torch.tensor([2.0 ** 45]), 8, angle_scale=1000.0)
 
 
 @pytest.mark.parametrize("where", range(6))
@@ -558,13 +579,32 @@ def test_angle_domain_finds_the_largest_frequency_anywhere(where):
             pn.apply_rope(q, None, pos, inv_freq=inv)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("bad", [1e18, -1e18, float("inf"), float("nan"), 2.0 ** 48 * 1.5])
-def test_sinusoidal_float_positions_outside_domain_raise(device, bad):
+BAD_FLOAT_POSITIONS = [1e18, -1e18, float("inf"), float("nan"), 2.0 ** 48 * 1.5]
+
+
+@pytest.mark.parametrize("bad", BAD_FLOAT_POSITIONS)
+def test_sinusoidal_float_positions_outside_domain_raise(bad):
+    x = torch.randn(2, 8)
+    before = x.clone()
     with pytest.raises(RuntimeError, match="positions must (be finite|lie in)"):
-        pn.sinusoidal_table(torch.tensor([0.0, bad], device=device), 8)
+        pn.sinusoidal_table(torch.tensor([0.0, bad]), 8)
     with pytest.raises(RuntimeError, match="positions must (be finite|lie in)"):
-        pn.add_sinusoidal(torch.randn(2, 8, device=device), torch.tensor([1.0, bad], device=device))
+        pn.add_sinusoidal(x, torch.tensor([1.0, bad]))
+    assert torch.equal(x, before)
+
+
+def test_cos_sin_positions_must_index_the_table():
+    """position_ids select rows of 2-D cos/sin tables: one past the end (or negative) is refused,
+    naming the table's rows, never clamped to the last row."""
+    g = torch.Generator().manual_seed(13)
+    q, k = torch.randn(1, 2, 3, 8, generator=g), torch.randn(1, 1, 3, 8, generator=g)
+    cos, sin = reference.rope_tables(5, pn.RopeConfig(head_dim=8))
+    for bad in ([0, 1, 5], [0, -1, 2]):
+        with pytest.raises(RuntimeError, match=r"positions must be in \[0, 5\) to index cos/sin"):
+            pn.apply_rotary_pos_emb(q, k, cos, sin, position_ids=torch.tensor([bad]))
+    out, _ = pn.apply_rotary_pos_emb(q, k, cos, sin, position_ids=torch.tensor([[0, 4, 2]]))
+    ref, _ = reference.apply_rope(q.double(), None, torch.tensor([[0, 4, 2]]), inv_freq=inv_freq(8), layout="bhsd")
+    assert rel_err(out, ref) <= 1e-6
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -584,6 +624,134 @@ def test_largest_positions_still_rotate(device, dtype):
     assert float(table.double().abs().max()) <= 1.0 + tol
     pairs = table.double().view(5, 8, 2)
     assert torch.allclose(pairs.pow(2).sum(-1), torch.ones(5, 8, dtype=torch.float64, device=device), atol=tol * 4)
+
+
+# ------------------------------------------------------------------------------------------------
+# 5b. Values that live on the GPU: checked by the kernels, so that no call waits for the device
+
+_GPU_PRELUDE = """
+import torch, posenc_native as pn
+inv = 1.0 / 10000.0 ** (torch.arange(0, 8, 2, dtype=torch.float64, device="cuda") / 8)
+q = torch.randn(1, 3, 2, 8, device="cuda")
+"""
+
+# (name, statements, the kernel's message): each runs in a process of its own (a device-side
+# assertion leaves the CUDA context unusable), then synchronizes.
+_GPU_BAD_VALUES = [
+    *[(f"rope positions {pos} offset {off}", f"pn.apply_rope(q[:, :1], None, torch.tensor({pos}, device='cuda'), "
+       f"inv_freq=inv, offset={off})", "positions + offset must lie in") for pos, off in BAD_POSITIONS],
+    ("rope_ in place, position 2^48 + 1", "pn.apply_rope_(q, q.clone()[:, :, :1], torch.tensor([0, 1, 2 ** 48 + 1], "
+     "device='cuda'), inv_freq=inv)", "positions + offset must lie in"),
+    ("MRoPE, one axis out of the domain", "pos = torch.zeros(3, 1, 3, dtype=torch.long, device='cuda'); pos[2, 0, 1] = "
+     "2 ** 50\npn.apply_rope(q, None, pos, inv_freq=inv, mrope_section=[2, 1, 1])", "positions + offset must lie in"),
+    ("rope angle past 2^50", "pn.apply_rope(q[:, :2], None, torch.tensor([0, 2 ** 45], device='cuda'), "
+     "inv_freq=torch.full((4,), 2.0 ** 10, dtype=torch.float64, device='cuda'))", "must stay within 2^50 rad"),
+    ("rope NaN frequency", "pn.apply_rope(q, inv_freq=torch.tensor([1.0, float('nan'), 0.1, 0.01], device='cuda', "
+     "dtype=torch.float64))", "must stay within 2^50 rad"),
+    ("cos/sin row past the table", "c, s = torch.randn(5, 8, device='cuda'), torch.randn(5, 8, device='cuda')\n"
+     "pn.apply_rotary_pos_emb(q.transpose(1, 2), q.transpose(1, 2), c, s, position_ids=torch.tensor([[0, 1, 5]], "
+     "device='cuda'))", "positions must index a row of cos/sin"),
+    ("cos/sin negative row", "c, s = torch.randn(5, 8, device='cuda'), torch.randn(5, 8, device='cuda')\n"
+     "pn.apply_rotary_pos_emb(q.transpose(1, 2), q.transpose(1, 2), c, s, position_ids=torch.tensor([[0, -1, 2]], "
+     "device='cuda'))", "positions must index a row of cos/sin"),
+    *[(f"cu_seqlens {cu}", f"pn.apply_rope_(torch.randn(7, 4, 8, device='cuda'), inv_freq=inv, layout='thd', "
+       f"cu_seqlens=torch.tensor({cu}, device='cuda'))", "cu_seqlens must start at 0") for cu in
+      ([0, 4, 3, 7], [0, 3, 6], [1, 3, 7], [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9, 7])],
+    ("cu_seqlens beside positions", "pn.apply_rope(torch.randn(7, 4, 8, device='cuda'), None, torch.arange(7, "
+     "device='cuda'), inv_freq=inv, layout='thd', cu_seqlens=torch.tensor([0, 4, 3, 7], device='cuda'))",
+     "cu_seqlens must start at 0"),
+    *[(f"sinusoidal_table position {bad}", f"pn.sinusoidal_table(torch.tensor([0.0, float('{bad}')], "
+       f"device='cuda'), 8)", "positions must be finite and lie in") for bad in BAD_FLOAT_POSITIONS],
+    ("add_sinusoidal NaN position", "pn.add_sinusoidal(torch.randn(2, 8, device='cuda'), torch.tensor([1.0, "
+     "float('nan')], device='cuda'))", "positions must be finite and lie in"),
+    ("sinusoidal angle past 2^50", "pn.sinusoidal_table(torch.tensor([2.0 ** 45], device='cuda'), 8, "
+     "angle_scale=1000.0)", "position * frequency must stay within 2^50 rad"),
+]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_values_outside_the_contract_stop_the_kernel():
+    """Every value check the host makes on CPU tensors, made by the kernel on GPU tensors: the call
+    returns at once, and the kernel stops with a device-side assertion that names the argument (the
+    CUDA error surfaces at the next synchronization, as for torch's own index checks). A valid
+    call run the same way finishes: the harness tells the two apart."""
+    cases = [("valid call (control)", "pn.apply_rope_(q, None, torch.tensor([0, 2 ** 48, -(2 ** 48)], device='cuda'), "
+              "inv_freq=inv)", None)] + _GPU_BAD_VALUES
+    procs = [subprocess.Popen([sys.executable, "-c", _GPU_PRELUDE + stmt + "\ntorch.cuda.synchronize()\nprint('FINISHED')"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _, stmt, _ in cases]
+    failures = []
+    for (name, _, message), proc in zip(cases, procs):
+        out, err = proc.communicate(timeout=300)
+        text = out + err
+        if message is None:
+            ok = proc.returncode == 0 and "FINISHED" in out
+        else:
+            ok = (proc.returncode != 0 and "FINISHED" not in out and "device-side assert triggered" in text
+                  and message in text)
+        if not ok:
+            failures.append(f"{name}: exit {proc.returncode}\n{text[-1500:]}")
+    assert not failures, "\n\n".join(failures)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_calls_never_wait_for_the_device():
+    """Positions, cu_seqlens and frequencies on the GPU are never copied to the host: under
+    torch.cuda.set_sync_debug_mode("error") every call below runs (each once before, so that caches
+    such as a config's frequencies on the device are filled), while a read of a GPU value raises."""
+    g = torch.Generator(device="cuda").manual_seed(14)
+    dev = "cuda"
+    q = torch.randn(2, 6, 4, 16, device=dev, generator=g)
+    k = torch.randn(2, 6, 2, 16, device=dev, generator=g)
+    pos = torch.randint(0, 1000, (2, 6), device=dev, generator=g)
+    inv = inv_freq(16).to(dev)
+    packed = torch.randn(6, 4, 16, device=dev, generator=g)
+    cu = torch.tensor([0, 2, 6], device=dev, dtype=torch.int32)
+    cos, sin = (t.to(dev) for t in reference.rope_tables(1000, pn.RopeConfig(head_dim=16)))
+    mpos = torch.randint(0, 50, (3, 2, 6), device=dev, generator=g)
+    yarn = pn.RopeConfig.from_hf({"head_dim": 16, "hidden_size": 64, "num_attention_heads": 4, "rope_theta": 1e4,
+                                  "max_position_embeddings": 4096,
+                                  "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                                   "original_max_position_embeddings": 1024}})
+    llama3 = pn.RopeConfig.from_hf({"head_dim": 16, "hidden_size": 64, "num_attention_heads": 4, "rope_theta": 5e5,
+                                    "max_position_embeddings": 8192,
+                                    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                     "high_freq_factor": 4.0,
+                                                     "original_max_position_embeddings": 1024}})
+    rotary = pn.RotaryEmbedding(yarn).to(dev)
+    x = torch.randn(2, 6, 16, device=dev, generator=g)
+    calls = {
+        "apply_rope [B,S] int64": lambda: pn.apply_rope(q, k, pos, inv_freq=inv),
+        "apply_rope_ [S] int32 + offset": lambda: pn.apply_rope_(q, k, pos[0].int(), inv_freq=inv, offset=3),
+        "apply_rope thd cu_seqlens": lambda: pn.apply_rope(packed, None, inv_freq=inv, layout="thd", cu_seqlens=cu),
+        "apply_rope thd positions + cu_seqlens": lambda: pn.apply_rope(packed, None, pos[0], inv_freq=inv,
+                                                                        layout="thd", cu_seqlens=cu),
+        "apply_rope config=yarn": lambda: pn.apply_rope(q, k, pos, config=yarn),
+        "apply_rope_ config=llama3": lambda: pn.apply_rope_(q, k, pos, config=llama3),
+        "RotaryEmbedding(yarn)": lambda: rotary(q, k, pos),
+        "MRoPE axis positions": lambda: pn.apply_rope(q, k, mpos, inv_freq=inv, mrope_section=[4, 2, 2]),
+        "apply_rotary_pos_emb table + position_ids": lambda: pn.apply_rotary_pos_emb(
+            q.transpose(1, 2), k.transpose(1, 2), cos, sin, position_ids=pos),
+        "sinusoidal_table(L)": lambda: pn.sinusoidal_table(64, 16, device=dev),
+        "sinusoidal_table(float positions)": lambda: pn.sinusoidal_table(pos[0].double() / 3, 16),
+        "add_sinusoidal(x)": lambda: pn.add_sinusoidal(x, offset=5),
+        "add_sinusoidal(x, positions)": lambda: pn.add_sinusoidal(x, pos),
+    }
+    for call in calls.values():
+        call()
+    torch.cuda.synchronize()
+    waited = []
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            pos.max().item()  # the detector is on
+        for name, call in calls.items():
+            try:
+                call()
+            except RuntimeError as e:
+                waited.append(f"{name}: {e}")
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert not waited, "\n".join(waited)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -7,8 +7,20 @@
 
 #if defined(__CUDACC__)
 #define POSENC_HD __host__ __device__ __forceinline__
+#include <torch/headeronly/macros/Macros.h>  // CUDA_KERNEL_ASSERT_MSG
 #else
 #define POSENC_HD inline
+#endif
+
+// A value on the GPU that breaks an op's contract. The host would have to wait for the device to
+// read it, so the kernel checks it and stops with a device-side assertion (torch's own kernels do
+// the same for an index out of range): `msg` is printed and the next synchronization raises
+// "device-side assert triggered". Values on the host are checked before the launch (csrc/host/plan.cpp),
+// so in host code this is nothing.
+#if defined(__CUDA_ARCH__)
+#define POSENC_DEVICE_REQUIRE(cond, msg) CUDA_KERNEL_ASSERT_MSG(cond, msg)
+#else
+#define POSENC_DEVICE_REQUIRE(cond, msg) ((void)0)
 #endif
 
 namespace posenc {
@@ -17,6 +29,36 @@ namespace posenc {
 // and for users who want double results).
 template <typename T>
 using math_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+}  // namespace posenc
+
+namespace posenc {
+
+// The position domain (README "Guarantees"). Angles are reduced modulo pi/2 in float64 before the
+// float32 sin/cos (core/angles.h); that reduction stays a reduction (the result a rotation) for
+// |angle| < 2^51, and is accurate to ~2e-7 below 2^24. Positions (plus offset) are limited to 2^48
+// and angles (position * frequency) to 2^50, with margin; anything outside is an error, never a
+// wrong value: refused on the host, or stopped on the GPU (POSENC_DEVICE_REQUIRE).
+constexpr int64_t kMaxPosition = int64_t{1} << 48;
+constexpr double kMaxAngle = 1125899906842624.0;  // 2^50
+
+// False for NaN too.
+POSENC_HD bool angle_in_domain(double angle) { return angle <= kMaxAngle && angle >= -kMaxAngle; }
+
+// Integer positions p with p + offset in [-2^48, 2^48]: min <= p <= max, the domain moved by the
+// offset and saturated to int64, so that neither the bounds nor p + offset can wrap. One definition
+// for the host's checks and the kernels'.
+struct PositionDomain {
+  int64_t min = -kMaxPosition, max = kMaxPosition;
+  POSENC_HD bool contains(int64_t p) const { return p >= min && p <= max; }
+};
+
+inline PositionDomain position_domain(int64_t offset) {  // host code
+  PositionDomain d;
+  if (__builtin_sub_overflow(-kMaxPosition, offset, &d.min)) d.min = INT64_MIN;  // offset > 2^63 - 2^48
+  if (__builtin_sub_overflow(kMaxPosition, offset, &d.max)) d.max = INT64_MAX;   // offset < 2^48 - 2^63
+  return d;
+}
 
 }  // namespace posenc
 

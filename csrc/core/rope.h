@@ -41,6 +41,7 @@ struct RopeProblem {
   IndexKind cu_seqlens_kind = IndexKind::Int64;
   int64_t n_seqs = 0;
   int64_t offset = 0;
+  PositionDomain domain;  // of given positions: position_domain(offset)
 
   // Angle source: frequencies (float64, n_axes rows of rot_dim/2, row-major; see axis_angle) ...
   const double* inv_freq = nullptr;
@@ -53,6 +54,12 @@ struct RopeProblem {
   bool cs_by_position = false;
   int64_t cs_rows = 0;  // rows of the table, when gathered by position
 
+  // cu_seqlens[j] as a valid table has it: [0] = 0, non-decreasing, [n_seqs] = the tokens (seq).
+  POSENC_HD bool cu_seqlens_entry_ok(int64_t j) const {
+    const int64_t v = load_as_int64(cu_seqlens, cu_seqlens_kind, j);
+    return (j > 0 ? load_as_int64(cu_seqlens, cu_seqlens_kind, j - 1) <= v : v == 0) && (j < n_seqs || v == seq);
+  }
+
   POSENC_HD int64_t pairs() const { return rot_dim / 2; }
   POSENC_HD int64_t first(int64_t i) const { return interleaved ? 2 * i : i; }
   POSENC_HD int64_t second(int64_t i) const { return interleaved ? 2 * i + 1 : i + rot_dim / 2; }
@@ -60,7 +67,9 @@ struct RopeProblem {
   // Position of token (b, s) on axis a.
   POSENC_HD int64_t position(int64_t b, int64_t s, int64_t a = 0) const {
     if (positions) {
-      return load_as_int64(positions, positions_kind, b * pos_stride_b + s * pos_stride_s + a * pos_stride_a) + offset;
+      const int64_t p = load_as_int64(positions, positions_kind, b * pos_stride_b + s * pos_stride_s + a * pos_stride_a);
+      POSENC_DEVICE_REQUIRE(domain.contains(p), "posenc: positions + offset must lie in [-2^48, 2^48]");
+      return p + offset;
     }
     if (cu_seqlens) {  // packed: position within its sequence (binary search for the last start <= s)
       int64_t lo = 0, hi = n_seqs - 1;
@@ -75,8 +84,9 @@ struct RopeProblem {
 
   // Row offset (in elements) of the cos/sin table for token (b, s).
   POSENC_HD int64_t cos_sin_row(int64_t b, int64_t s) const {
-    if (cs_by_position) {  // clamped: the host checks the range unless it cannot read the positions
+    if (cs_by_position) {  // checked (on the host for CPU positions), and clamped all the same
       const int64_t row = position(b, s);
+      POSENC_DEVICE_REQUIRE(row >= 0 && row < cs_rows, "posenc: positions must index a row of cos/sin");
       return (row < 0 ? 0 : (row >= cs_rows ? cs_rows - 1 : row)) * cs_stride_s;
     }
     return b * cs_stride_b + s * cs_stride_s;

@@ -119,6 +119,12 @@ POSENC_HD void rope_work_item(const RopeProblem& p, const RopeChunks& chunks, in
   constexpr int kPairs = IO::kPairs;
   const int64_t token = w / chunks.per_token(), chunk = w % chunks.per_token();
   const int64_t b = token / p.seq, s = token % p.seq;
+  if (p.cu_seqlens) {  // on the GPU the table is checked here, each entry by one work item
+    for (int64_t j = w, items = p.batch * p.seq * chunks.per_token(); j <= p.n_seqs; j += items) {
+      POSENC_DEVICE_REQUIRE(p.cu_seqlens_entry_ok(j),
+                            "posenc: cu_seqlens must start at 0, be non-decreasing and end at the number of tokens");
+    }
+  }
 
   if (chunk >= chunks.rot) {  // pass-through dims: copy
     const int64_t d0 = p.rot_dim + (chunk - chunks.rot) * V;
@@ -140,7 +146,10 @@ POSENC_HD void rope_work_item(const RopeProblem& p, const RopeChunks& chunks, in
   if (p.inv_freq) {
     double angle[kPairs];
     pair_angles(p, b, s, i0, kPairs, angle);
-    for (int j = 0; j < kPairs; ++j) f[j] = factors_from_angle<M>(p, angle[j]);
+    for (int j = 0; j < kPairs; ++j) {
+      POSENC_DEVICE_REQUIRE(angle_in_domain(angle[j]), "posenc: position * inv_freq must stay within 2^50 rad");
+      f[j] = factors_from_angle<M>(p, angle[j]);
+    }
   } else {
     const int64_t row = p.cos_sin_row(b, s);
     for (int j = 0; j < kPairs; ++j) f[j] = factors_from_table<M, T>(p, row, i0 + j);

@@ -83,8 +83,12 @@ POSENC_HD void sinusoidal_work_item(const SinusoidalProblem& p, int64_t w) {
     if (odd_col) {
       out[sc] = from_math<T>(x_at(sc));
     } else {
+      const double position = p.position(b, s), angle = position * freq;
+      POSENC_DEVICE_REQUIRE(position <= static_cast<double>(kMaxPosition) && position >= -static_cast<double>(kMaxPosition),
+                            "posenc: positions must be finite and lie in [-2^48, 2^48]");
+      POSENC_DEVICE_REQUIRE(angle_in_domain(angle), "posenc: position * frequency must stay within 2^50 rad");
       M sn, cs;
-      sincos_of<M>(p.position(b, s) * freq, sn, cs);
+      sincos_of<M>(angle, sn, cs);
       out[sc] = from_math<T>(x_at(sc) + sn);
       out[cc] = from_math<T>(x_at(cc) + cs);
     }

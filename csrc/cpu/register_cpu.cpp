@@ -3,8 +3,7 @@
 
 namespace posenc::cpu {
 namespace {
-bool always() { return true; }
-constexpr Backend kCpuBackend{run_sinusoidal, run_rope, always, run_bucket, run_relative_bias, run_relative_bias_grad};
+constexpr Backend kCpuBackend{run_sinusoidal, run_rope, run_bucket, run_relative_bias, run_relative_bias_grad};
 }  // namespace
 }  // namespace posenc::cpu
 

@@ -4,19 +4,10 @@
 
 #include "build_info.h"
 #include "cuda/kernels.h"
-#include "cuda/stream.h"
 
 namespace posenc::cuda {
 namespace {
-// Argument values on the GPU can be copied to the host to validate them, except while the current
-// stream is being captured into a CUDA graph.
-bool not_capturing() {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  STD_CUDA_CHECK(cudaStreamIsCapturing(current_stream(), &status));
-  return status == cudaStreamCaptureStatusNone;
-}
-constexpr Backend kCudaBackend{run_sinusoidal, run_rope, not_capturing, run_bucket, run_relative_bias,
-                                run_relative_bias_grad};
+constexpr Backend kCudaBackend{run_sinusoidal, run_rope, run_bucket, run_relative_bias, run_relative_bias_grad};
 
 struct CudaGuard {
   torch::stable::accelerator::DeviceGuard guard;

@@ -10,16 +10,9 @@
 namespace posenc {
 namespace {
 
-// The position domain (README "Guarantees"). Angles are reduced modulo pi/2 in float64 before the
-// float32 sin/cos (core/angles.h); that reduction stays a reduction (the result a rotation) for
-// |angle| < 2^51, and is accurate to ~2e-7 below 2^24. Positions are limited to 2^48 and angles
-// (position * frequency) to 2^50, with margin; anything outside is an error, never a wrong value.
-constexpr int64_t kMaxPosition = int64_t{1} << 48;
-constexpr double kMaxAngle = 1125899906842624.0;  // 2^50
-
-// Argument values on the device are read (to validate them) unless the backend says that cannot
-// be done now; values of CPU tensors are always checked.
-bool may_read(const Tensor& t, const Backend& backend) { return t.is_cpu() || backend.may_read_device_values(); }
+// Argument values are read on the host only where they live: a CUDA tensor's values are checked by
+// the kernel (POSENC_DEVICE_REQUIRE in csrc/core), so that no call waits for the device.
+bool host_readable(const Tensor& t) { return t.is_cpu(); }
 
 // Smallest and largest value of an index/position tensor (numel > 0), any strides and device: for
 // a device tensor this is one device-to-host copy. Integer tensors give exact int64 bounds;
@@ -79,13 +72,13 @@ ValueRange value_range(const Tensor& t_in) {
   return r;
 }
 
-// |lo + offset| and |hi + offset| within the position domain, computed without wrapping.
+// The larger of |lo + offset| and |hi + offset|, after checking that both lie in the position domain
+// (the kernels' test on the GPU: core/common.h, PositionDomain).
 int64_t checked_position_bound(const char* op, int64_t lo, int64_t hi, int64_t offset, const char* what) {
-  int64_t a = 0, b = 0;
-  const bool overflow = __builtin_add_overflow(lo, offset, &a) || __builtin_add_overflow(hi, offset, &b);
-  POSENC_CHECK(!overflow && a >= -kMaxPosition && b <= kMaxPosition, op, ": ", what, " + offset must lie in [-2^48, 2^48]",
+  const PositionDomain domain = position_domain(offset);
+  POSENC_CHECK(domain.contains(lo) && domain.contains(hi), op, ": ", what, " + offset must lie in [-2^48, 2^48]",
                " (the supported position domain), got positions in [", lo, ", ", hi, "] and offset ", offset);
-  return std::max(a < 0 ? -a : a, b < 0 ? -b : b);
+  return std::max(std::abs(lo + offset), std::abs(hi + offset));  // no wrap: both sums lie in the domain
 }
 
 IndexKind index_kind(const Tensor& t) {
@@ -151,10 +144,9 @@ SinusoidalParams sinusoidal_params(const char* op, int64_t dim, double base, boo
 }
 
 // Values of the sinusoidal positions: finite, |p| <= 2^48 and |p * w| <= 2^50 for every frequency w
-// (checked when the backend may read them; see Backend::may_read_device_values).
-void check_sinusoidal_domain(const char* op, const Tensor& positions, const SinusoidalParams& prm,
-                             const Backend& backend) {
-  if (positions.numel() == 0 || !may_read(positions, backend)) return;
+// (on the host for CPU positions; the kernel checks positions on the GPU: core/sinusoidal.h).
+void check_sinusoidal_domain(const char* op, const Tensor& positions, const SinusoidalParams& prm) {
+  if (positions.numel() == 0 || !host_readable(positions)) return;
   const ValueRange r = value_range(positions);
   double bound = 0;
   if (r.integral) {
@@ -183,7 +175,7 @@ Tensor sinusoidal_table_op(const SinusoidalTableArgs& a, const Backend& backend)
   SinusoidalProblem p;
   p.params = sinusoidal_params(op, a.dim, a.base, a.interleaved, a.freq_shift, a.angle_scale, a.cos_first);
   const Tensor positions = sinusoidal_positions(op, a.positions);
-  check_sinusoidal_domain(op, positions, p.params, backend);
+  check_sinusoidal_domain(op, positions, p.params);
   Tensor out = empty({positions.size(0), a.dim}, a.dtype, positions);
   if (out.numel() == 0) return out;
   p.batch = 1;
@@ -218,7 +210,7 @@ Tensor add_sinusoidal_op(const AddSinusoidalArgs& a, const Backend& backend) {
   SinusoidalProblem p;
   p.params = sinusoidal_params(op, dim, a.base, a.interleaved, a.freq_shift, a.angle_scale, a.cos_first);
   const Tensor positions = sinusoidal_positions(op, positions_in);
-  check_sinusoidal_domain(op, positions, p.params, backend);
+  check_sinusoidal_domain(op, positions, p.params);
   Tensor out = new_rows_like(x);
   if (out.numel() == 0) return out;
   p.batch = batch;
@@ -335,9 +327,9 @@ struct PositionInfo {
 // then carry a leading axis dim of that size ([axes, batch, seq], [axes, tokens]); without it every
 // axis gets the same id (text tokens).
 void check_positions(const char* op, RopeProblem& p, PositionInfo& info, const Tensor& q, const OptTensor& positions,
-                     const OptTensor& cu_seqlens, std::string_view layout, int64_t offset, const Backend& backend,
-                     int64_t axes = 0) {
+                     const OptTensor& cu_seqlens, std::string_view layout, int64_t offset, int64_t axes = 0) {
   p.offset = offset;
+  p.domain = position_domain(offset);
   const auto note_range = [&](int64_t lo, int64_t hi, const char* what) {
     checked_position_bound(op, lo, hi, offset, what);  // offset is added without wrapping
     info.known = true;
@@ -373,7 +365,7 @@ void check_positions(const char* op, RopeProblem& p, PositionInfo& info, const T
                    sizes_of(pos));
     }
     // Any strides (the kernels index with them); values read when allowed (one device-to-host copy on CUDA).
-    if (pos.numel() > 0 && may_read(pos, backend)) {
+    if (pos.numel() > 0 && host_readable(pos)) {
       const ValueRange r = value_range(pos);
       note_range(r.imin, r.imax, "positions");
     }
@@ -396,11 +388,11 @@ void check_positions(const char* op, RopeProblem& p, PositionInfo& info, const T
     POSENC_CHECK(dt == ScalarType::Int || dt == ScalarType::Long, op, ": cu_seqlens must be int32 or int64, got ", dt);
     POSENC_CHECK(cu.dim() == 1 && cu.size(0) >= 2, op, ": cu_seqlens must be 1-D with at least 2 entries, got shape ",
                  sizes_of(cu));
-    // Values are checked on the host (a device-to-host copy for CUDA tensors): a bad table would
-    // silently give wrong positions. Skipped only while a CUDA graph is captured; the kernels'
-    // search in cu_seqlens stays in bounds whatever its values.
+    // A bad table would silently give wrong positions: checked here when on the host, by the kernel
+    // on the GPU (RopeProblem::cu_seqlens_entry_ok), whose search in it stays in bounds whatever its
+    // values. Within a valid table every sequence is at most the tokens long.
     int64_t longest = p.seq;
-    if (may_read(cu, backend)) {
+    if (host_readable(cu)) {
       const Tensor host = as_contiguous(to_cpu(cu, ScalarType::Long));
       const int64_t* v = static_cast<const int64_t*>(host.data_ptr());
       const int64_t n = host.size(0);
@@ -413,23 +405,22 @@ void check_positions(const char* op, RopeProblem& p, PositionInfo& info, const T
       }
       POSENC_CHECK(v[n - 1] == p.seq, op, ": cu_seqlens must end at the number of tokens ", p.seq, ", got ", v[n - 1]);
     }
-    if (!positions.has_value()) {
-      // The kernels index cu_seqlens as a dense array: a strided one is copied (it is tiny).
-      info.cu_seqlens = cu.stride(0) == 1 ? cu : torch::stable::contiguous(cu);
-      p.cu_seqlens = info.cu_seqlens->data_ptr();
-      p.cu_seqlens_kind = index_kind(*info.cu_seqlens);
-      p.n_seqs = cu.size(0) - 1;
-      if (longest > 0) note_range(0, longest - 1, "positions within each sequence");
-    }
+    // The kernels index cu_seqlens as a dense array: a strided one is copied (it is tiny). They
+    // read it for the positions within each sequence when no positions are given, and on the GPU
+    // check it in any case.
+    info.cu_seqlens = cu.stride(0) == 1 ? cu : torch::stable::contiguous(cu);
+    p.cu_seqlens = info.cu_seqlens->data_ptr();
+    p.cu_seqlens_kind = index_kind(*info.cu_seqlens);
+    p.n_seqs = cu.size(0) - 1;
+    if (!positions.has_value() && longest > 0) note_range(0, longest - 1, "positions within each sequence");
   } else if (!positions.has_value() && p.seq > 0) {
     note_range(0, p.seq - 1, "positions 0 .. seq-1");
   }
 }
 
-// The angle domain for frequencies: |position * inv_freq[i]| <= 2^50. On the CPU the frequencies are
-// always read; a device's are read only when positions could exceed 2^24 (so that a decode step
-// does not wait for the device), since below that only absurd frequencies (> 2^26) could leave it.
-void check_angle_domain(const char* op, const Tensor& inv64, const PositionInfo& info, const Backend& backend) {
+// The angle domain for frequencies: |position * inv_freq[i]| <= 2^50, checked here for frequencies on
+// the host; on the GPU the kernel checks every angle it forms (core/rope_chunks.h).
+void check_angle_domain(const char* op, const Tensor& inv64, const PositionInfo& info) {
   const double bound = info.known ? std::max(std::abs(static_cast<double>(info.lo)), std::abs(static_cast<double>(info.hi)))
                                   : 0.0;
   // w: the largest sum over axes of |inv_freq[a][i]| (one axis: the largest |inv_freq[i]|).
@@ -461,12 +452,8 @@ void check_angle_domain(const char* op, const Tensor& inv64, const PositionInfo&
     }
     return largest;
   };
-  double w = 0;
-  if (inv64.is_cpu()) {
-    w = largest_frequency(inv64);
-  } else if (bound > 16777216.0 && backend.may_read_device_values()) {
-    w = largest_frequency(as_contiguous(to_cpu(inv64, ScalarType::Double)));
-  }
+  if (!host_readable(inv64)) return;
+  const double w = largest_frequency(inv64);
   POSENC_CHECK(bound * w <= kMaxAngle, op, ": position * inv_freq must stay within 2^50 rad (the supported angle ",
                "domain); the largest |position + offset| is ", bound, " and the largest frequency ", w);
 }
@@ -549,9 +536,9 @@ void rope_frequency(const char* op, const RopeArgs& a, const Tensor* dst_q, cons
   RopeProblem& p = s.p;
   PositionInfo info;
   const OptTensor inv64 = check_inv_freq(op, a.q, a.inv_freq, s.in.q.head_dim, a.attention_factor);
-  check_positions(op, p, info, a.q, a.positions, a.cu_seqlens, a.layout, a.offset, backend,
+  check_positions(op, p, info, a.q, a.positions, a.cu_seqlens, a.layout, a.offset,
                   inv64->dim() == 2 ? inv64->size(0) : 0);
-  check_angle_domain(op, *inv64, info, backend);
+  check_angle_domain(op, *inv64, info);
   if (s.in_place) {
     check_inputs_apart(op, a.q, a.k,
                        {{&info.positions, "positions"}, {&info.cu_seqlens, "cu_seqlens"}, {&inv64, "inv_freq"}});
@@ -583,7 +570,7 @@ namespace {
 // cos/sin given as [S, R], [B or 1, S, R], or (with positions) [rows, R] gathered by position.
 // Returns the tables in q's dtype (a no-op when they already are).
 std::pair<OptTensor, OptTensor> cos_sin_problem(const char* op, RopeProblem& p, const RopeCosSinArgs& a,
-                                                const RopeInputs& in, PositionInfo& info, const Backend& backend) {
+                                                const RopeInputs& in, PositionInfo& info) {
   const Tensor& q = a.q;
   check_operand(op, q, "q", a.cos, "cos");
   check_operand(op, q, "q", a.sin, "sin");
@@ -612,9 +599,9 @@ std::pair<OptTensor, OptTensor> cos_sin_problem(const char* op, RopeProblem& p, 
   if (a.positions.has_value()) {
     POSENC_CHECK(cos.dim() == 2, op,
                  ": with positions, cos and sin must be tables [max_positions, rotary_dim], got shape ", sizes_of(cos));
-    check_positions(op, p, info, q, a.positions, std::nullopt, a.layout, 0, backend);
-    // Gathered rows must exist: check the range on the host (when values may be read; the kernels
-    // clamp the row index in any case, so a bad position never reads out of bounds).
+    check_positions(op, p, info, q, a.positions, std::nullopt, a.layout, 0);
+    // Gathered rows must exist: checked here for positions on the host, by the kernel on the GPU
+    // (RopeProblem::cos_sin_row, which also clamps the row: a bad position never reads out of bounds).
     if (info.known) {
       POSENC_CHECK(info.lo >= 0 && info.hi < cos.size(0), op, ": positions must be in [0, ", cos.size(0),
                    ") to index cos/sin, got [", info.lo, ", ", info.hi, "]");
@@ -642,7 +629,7 @@ void rope_table(const char* op, const RopeCosSinArgs& a, const Tensor* dst_q, co
   RopeStart s = start_rope(op, a.q, a.k, dst_q, a.layout);
   RopeProblem& p = s.p;
   PositionInfo info;
-  const auto tables = cos_sin_problem(op, p, a, s.in, info, backend);  // keeps converted tables alive
+  const auto tables = cos_sin_problem(op, p, a, s.in, info);  // keeps converted tables alive
   if (s.in_place) {
     check_inputs_apart(op, a.q, a.k, {{&tables.first, "cos"}, {&tables.second, "sin"}, {&info.positions, "positions"}});
   }

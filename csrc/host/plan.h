@@ -19,14 +19,12 @@ using BucketRunner = void (*)(const BucketProblem&);
 using RelativeBiasRunner = void (*)(const RelativeBiasProblem&, ScalarType);
 using RelativeBiasGradRunner = void (*)(const RelativeBiasGradProblem&, ScalarType);
 
-// What a device backend (csrc/cpu, csrc/cuda) supplies: its runners, and whether argument values
-// living on the device (cu_seqlens, gathered positions) may be read now to validate them. Reading
-// them is a device-to-host copy, which a CUDA graph being captured does not allow: the checks are
-// then skipped (the kernels stay in bounds whatever the values; see check_positions).
+// What a device backend (csrc/cpu, csrc/cuda) supplies: its runners. The host checks argument values
+// only where they live (positions, cu_seqlens, frequencies on the CPU); the CUDA kernels check their
+// own (POSENC_DEVICE_REQUIRE, csrc/core/common.h), so no call waits for the device.
 struct Backend {
   SinusoidalRunner sinusoidal;
   RopeRunner rope;
-  bool (*may_read_device_values)();
   // Relative position biases (host/bias_plan.h): T5 buckets, the T5/ALiBi bias and its backward.
   BucketRunner bucket = nullptr;
   RelativeBiasRunner relative_bias = nullptr;

@@ -294,6 +294,31 @@ def test_paths_match_reference(device, case, dtype):
     assert rel_err(back, q.double()) <= 2 * TOL[dtype]
 
 
+def test_inv_freq_with_mrope_section_caches_no_fake_tensor():
+    """inv_freq= with mrope_section= keeps its axis mask per (section, device), so that a GPU decode
+    loop copies it once: a call under a FakeTensorMode (as torch.export traces) caches nothing, and
+    the eager calls after it give the reference's result, on every row of a fresh section."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from posenc_native import ops
+
+    section = (3, 3, 2)  # used by no other test: its mask is made here first
+    cfg = RopeConfig(head_dim=16, base=1e4, mrope_section=section)
+    gen = torch.Generator().manual_seed(21)
+    q = torch.randn(2, 5, 2, 16, generator=gen)
+    pos = torch.randint(0, 40, (3, 2, 5), generator=gen)
+    with FakeTensorMode() as mode:
+        fake_q, fake_pos = mode.from_tensor(q), mode.from_tensor(pos)
+        pn.apply_rope(fake_q, None, fake_pos, inv_freq=mode.from_tensor(cfg.inv_freq()), mrope_section=section)
+    assert not any(key[0] == section for key in ops._AXIS_MASKS)
+    want, _ = reference.apply_rope(q.double(), None, pos, config=cfg)
+    for _ in range(2):  # the call that fills the cache, and one that reads it
+        got, _ = pn.apply_rope(q, None, pos, inv_freq=cfg.inv_freq(), mrope_section=section)
+        assert rel_err(got, want) <= TOL[torch.float32]
+    assert all(type(mask) is torch.Tensor and mask.dtype == torch.bool for mask in ops._AXIS_MASKS.values())
+    assert any(key[0] == section for key in ops._AXIS_MASKS)
+
+
 def test_text_positions_equal_on_every_axis():
     """2-D / 1-D positions with an axis layout mean the same id on every axis (transformers' text
     tokens): bit-identical to [A, B, S] with equal rows, and to plain RoPE with the same frequencies."""

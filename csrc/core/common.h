@@ -20,7 +20,7 @@
 #if defined(__CUDA_ARCH__)
 #define POSENC_DEVICE_REQUIRE(cond, msg) CUDA_KERNEL_ASSERT_MSG(cond, msg)
 #else
-#define POSENC_DEVICE_REQUIRE(cond, msg) ((void)0)
+#define POSENC_DEVICE_REQUIRE(cond, msg) ((void)sizeof(cond))  // not evaluated
 #endif
 
 namespace posenc {

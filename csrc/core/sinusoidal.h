@@ -75,6 +75,10 @@ POSENC_HD void sinusoidal_work_item(const SinusoidalProblem& p, int64_t w) {
   const bool odd_col = i == prm.half;
   const double freq = odd_col ? 0.0 : prm.frequency(i);
   const int64_t sc = odd_col ? prm.dim - 1 : prm.sin_col(i), cc = odd_col ? prm.dim - 1 : prm.cos_col(i);
+  // The positions' checks (on the GPU; core/common.h) are gathered and made once after the loop: an
+  // assertion between the rows would hold each row's position load back until the previous row was
+  // written (a failed assertion loses the CUDA context, so what the rows before it wrote is moot).
+  bool positions_ok = true, angles_ok = true;
   int64_t b = first / p.seq, s = first % p.seq;
   for (int64_t row = first; row < last; ++row) {
     T* out = static_cast<T*>(p.out) + b * p.out_stride_b + s * p.out_stride_s;
@@ -84,9 +88,8 @@ POSENC_HD void sinusoidal_work_item(const SinusoidalProblem& p, int64_t w) {
       out[sc] = from_math<T>(x_at(sc));
     } else {
       const double position = p.position(b, s), angle = position * freq;
-      POSENC_DEVICE_REQUIRE(position <= static_cast<double>(kMaxPosition) && position >= -static_cast<double>(kMaxPosition),
-                            "posenc: positions must be finite and lie in [-2^48, 2^48]");
-      POSENC_DEVICE_REQUIRE(angle_in_domain(angle), "posenc: position * frequency must stay within 2^50 rad");
+      positions_ok &= position <= static_cast<double>(kMaxPosition) && position >= -static_cast<double>(kMaxPosition);
+      angles_ok &= angle_in_domain(angle);
       M sn, cs;
       sincos_of<M>(angle, sn, cs);
       out[sc] = from_math<T>(x_at(sc) + sn);
@@ -94,6 +97,8 @@ POSENC_HD void sinusoidal_work_item(const SinusoidalProblem& p, int64_t w) {
     }
     if (++s == p.seq) s = 0, ++b;
   }
+  POSENC_DEVICE_REQUIRE(positions_ok, "posenc: positions must be finite and lie in [-2^48, 2^48]");
+  POSENC_DEVICE_REQUIRE(angles_ok, "posenc: position * frequency must stay within 2^50 rad");
 }
 
 POSENC_HD int64_t sinusoidal_work_items(const SinusoidalProblem& p) {

@@ -56,16 +56,20 @@ def mrope_pair_axes(section: Sequence[int], interleaved: bool = False) -> tuple[
     return tuple(i % axes if (i % axes and i < axes * section[i % axes]) else 0 for i in range(n))
 
 
-def axis_inv_freq(inv_freq: torch.Tensor, pair_axes: Sequence[int], num_axes: int) -> torch.Tensor:
+def axis_mask(pair_axes: Sequence[int], num_axes: int, device=None) -> torch.Tensor:
+    """``[num_axes, len(pair_axes)]`` bool, true at ``[pair_axes[i], i]``: made on the host, then
+    copied to ``device`` (a copy that waits for a GPU: ops.py caches it per device)."""
+    mask = torch.zeros((num_axes, len(pair_axes)), dtype=torch.bool)
+    mask[list(pair_axes), list(range(len(pair_axes)))] = True
+    return mask if device is None else mask.to(device)
+
+
+def axis_inv_freq(inv_freq: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The frequencies as the ops take an axis layout: ``[num_axes, len(inv_freq)]``, pair i's
-    frequency in row ``pair_axes[i]`` and zeros elsewhere (the kernels sum ``position[a] *
-    row[a][i]`` over axes, csrc/core/rope.h; the zeros make that exactly ``position[axis(i)] *
-    inv_freq[i]``). float64, on inv_freq's device."""
-    inv = inv_freq.to(torch.float64)
-    index = torch.as_tensor(list(pair_axes), dtype=torch.long, device=inv.device)
-    out = torch.zeros((num_axes, inv.shape[-1]), dtype=torch.float64, device=inv.device)
-    out[index, torch.arange(inv.shape[-1], device=inv.device)] = inv
-    return out
+    frequency in row ``pair_axes[i]`` and zeros elsewhere, for ``mask = axis_mask(pair_axes,
+    num_axes)`` on inv_freq's device (the kernels sum ``position[a] * row[a][i]`` over axes,
+    csrc/core/rope.h; the zeros make that exactly ``position[axis(i)] * inv_freq[i]``). float64."""
+    return torch.where(mask, inv_freq.to(torch.float64), 0.0)
 
 
 def cos_sin_from_angles(angles: torch.Tensor, attention_factor: float = 1.0, interleaved: bool = False,

@@ -14,12 +14,12 @@ import torch
 from . import _fx, _library
 from ._functorch import dispatch as _dispatch, register_autograd as _register_autograd
 from ._functorch import transforms_active as _functorch_active
-from ._contexts import MODES_ACTIVE
+from ._contexts import MODES_ACTIVE, plain_context
 from ._forward_ad import make_dual as _make_dual, refuse_tangents as _refuse_tangents
 from ._forward_ad import tangents as _tangents, through_linear as _through_linear
 from ._library import load_library
 from ._op_args import arg_index as _arg_index, bind, call, input_grads, save_args, saved_args, tensor_fields
-from ._rope_math import HEAD_AXIS, LAYOUTS, SEQ_AXIS, axis_inv_freq, mrope_pair_axes, seq_len_from_positions
+from ._rope_math import HEAD_AXIS, LAYOUTS, SEQ_AXIS, axis_inv_freq, axis_mask, mrope_pair_axes, seq_len_from_positions
 from .config import RopeConfig
 
 load_library()
@@ -277,7 +277,28 @@ def _axis_layout_inv_freq(inv_freq: torch.Tensor, mrope_section, mrope_interleav
     if not section or min(section) < 0 or sum(section) != pairs:
         raise ValueError(f"mrope_section {section} must be ints >= 0 summing to the pair count: inv_freq has "
                          f"{pairs} frequencies (rotary_dim {2 * pairs}), the sections sum to {sum(section)}")
-    return axis_inv_freq(inv_freq, mrope_pair_axes(section, interleaved), len(section))
+    return axis_inv_freq(inv_freq, _cached_axis_mask(section, interleaved, inv_freq.device))
+
+
+# axis_mask per (section, interleaved, device): its host-to-device copy waits for the GPU, so a
+# decode loop passing inv_freq= and mrope_section= makes it once. As RopeConfig's frequency cache:
+# plain contexts only (a FakeTensor must not outlive its trace), and a new dict published whole, so
+# that readers need no lock.
+_AXIS_MASKS: dict = {}
+
+
+def _cached_axis_mask(section: tuple, interleaved: bool, device: torch.device) -> torch.Tensor:
+    global _AXIS_MASKS
+    key = (section, interleaved, device)
+    plain = plain_context()
+    mask = _AXIS_MASKS.get(key) if plain else None
+    if mask is None:
+        mask = axis_mask(mrope_pair_axes(section, interleaved), len(section), device)
+        if plain:
+            masks = {} if len(_AXIS_MASKS) >= 64 else dict(_AXIS_MASKS)
+            masks[key] = mask
+            _AXIS_MASKS = masks
+    return mask
 
 
 # Decode fast path (issue 9; docs/architecture.md, section 2.1). At decode a call rotates a

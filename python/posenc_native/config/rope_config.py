@@ -9,7 +9,7 @@ from typing import Any, Hashable, Mapping, Optional, Sequence, Union
 import torch
 
 from .._contexts import plain_context
-from .._rope_math import axis_inv_freq, mrope_pair_axes
+from .._rope_math import axis_inv_freq, axis_mask, mrope_pair_axes
 from .scheme import RopeScaling, scaling_from_dict, scheme_class
 
 
@@ -48,14 +48,14 @@ class DeviceFrequencies:
     def _fill(self, key: Hashable, device: torch.device, seq_len: Optional[int], axes: bool) -> torch.Tensor:
         if not plain_context():  # a FakeTensor or a transform's wrapper must not outlive its context
             t = self._config.inv_freq(seq_len)
-            return (axis_inv_freq(t, self._config.pair_axes, self._config.num_axes) if axes else t).to(device)
+            return (axis_inv_freq(t, axis_mask(self._config.pair_axes, self._config.num_axes)) if axes else t).to(device)
         with self._lock:
             t = self._entries.get(key)
             if t is None:
                 cfg = self._config
                 t = cfg.inv_freq(seq_len)
                 if axes:
-                    t = axis_inv_freq(t, cfg.pair_axes, cfg.num_axes)
+                    t = axis_inv_freq(t, axis_mask(cfg.pair_axes, cfg.num_axes))
                 t = t.to(device)
                 entries = {} if len(self._entries) >= self.MAX_ENTRIES else dict(self._entries)
                 entries[key] = t

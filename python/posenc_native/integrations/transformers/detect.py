@@ -49,7 +49,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from ..._rope_math import axis_inv_freq
+from ..._rope_math import axis_inv_freq, axis_mask
 from ...config import RopeConfig
 from .families import PAIRINGS, Pairing
 from .rotations import RotationSpec, _deinterleave, is_function_module, original_of, signature_params
@@ -540,7 +540,7 @@ def _probe_one(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn.M
     elif axes:
         if rotary_dim != rope.rotary_dim:
             return None
-        inv_freq = axis_inv_freq(inv_freq, rope.pair_axes, rope.num_axes)
+        inv_freq = axis_inv_freq(inv_freq, axis_mask(rope.pair_axes, rope.num_axes, device))
     af = float(_attr(probe, lt, "attention_scaling") or 1.0)
     # what the call may pick; (tensor, sin, cos) broadcasts its [B, S, R/2] tables over [B, S, H, R]
     layouts = ("bshd",) if kind == "gptj" else ("bhsd", "bshd") if "unsqueeze_dim" in params else ("bhsd",)

@@ -16,6 +16,10 @@ struct SinusoidalParams {
   double angle_scale = 1;
   bool interleaved = true;
   bool cos_first = false;
+  // The largest |w_i * angle_scale| (w_i is monotonic in i: at i = 0 or half - 1), and the largest
+  // |position| that keeps every angle within 2^50 rad (kMaxAngle / it): set with the above, on the host.
+  double largest_frequency = 0;
+  double angle_position_limit = 0;
 
   // w_i * angle_scale, in float64.
   POSENC_HD double frequency(int64_t i) const {
@@ -75,9 +79,12 @@ POSENC_HD void sinusoidal_work_item(const SinusoidalProblem& p, int64_t w) {
   const bool odd_col = i == prm.half;
   const double freq = odd_col ? 0.0 : prm.frequency(i);
   const int64_t sc = odd_col ? prm.dim - 1 : prm.sin_col(i), cc = odd_col ? prm.dim - 1 : prm.cos_col(i);
-  // The positions' checks (on the GPU; core/common.h) are gathered and made once after the loop: an
-  // assertion between the rows would hold each row's position load back until the previous row was
-  // written (a failed assertion loses the CUDA context, so what the rows before it wrote is moot).
+  // The positions' checks (on the GPU; core/common.h): each row by its first pair's item alone (one
+  // row's pairs share its position, and the host turned the angle domain into a position bound), and
+  // gathered for one assertion after the loop: an assertion between the rows would hold each row's
+  // position load back until the previous row was written (a failed assertion loses the CUDA
+  // context, so what the rows before it wrote is moot).
+  const bool checks_rows = i == 0;
   bool positions_ok = true, angles_ok = true;
   int64_t b = first / p.seq, s = first % p.seq;
   for (int64_t row = first; row < last; ++row) {
@@ -87,11 +94,13 @@ POSENC_HD void sinusoidal_work_item(const SinusoidalProblem& p, int64_t w) {
     if (odd_col) {
       out[sc] = from_math<T>(x_at(sc));
     } else {
-      const double position = p.position(b, s), angle = position * freq;
-      positions_ok &= position <= static_cast<double>(kMaxPosition) && position >= -static_cast<double>(kMaxPosition);
-      angles_ok &= angle_in_domain(angle);
+      const double position = p.position(b, s);
+      if (checks_rows) {
+        positions_ok &= position <= static_cast<double>(kMaxPosition) && position >= -static_cast<double>(kMaxPosition);
+        angles_ok &= position <= prm.angle_position_limit && position >= -prm.angle_position_limit;
+      }
       M sn, cs;
-      sincos_of<M>(angle, sn, cs);
+      sincos_of<M>(position * freq, sn, cs);
       out[sc] = from_math<T>(x_at(sc) + sn);
       out[cc] = from_math<T>(x_at(cc) + cs);
     }

@@ -140,6 +140,8 @@ SinusoidalParams sinusoidal_params(const char* op, int64_t dim, double base, boo
   p.angle_scale = angle_scale;
   p.interleaved = interleaved;
   p.cos_first = cos_first;
+  p.largest_frequency = std::max(std::abs(p.frequency(0)), std::abs(p.frequency(half - 1)));
+  p.angle_position_limit = p.largest_frequency > 0 ? kMaxAngle / p.largest_frequency : INFINITY;
   return p;
 }
 
@@ -160,10 +162,9 @@ void check_sinusoidal_domain(const char* op, const Tensor& positions, const Sinu
                  ": positions must lie in [-2^48, 2^48] (the supported position domain), got values in [", r.fmin,
                  ", ", r.fmax, "]");
   }
-  // w_i is monotonic in i: its largest magnitude is at i = 0 or i = half - 1.
-  const double w = prm.half > 0 ? std::max(std::abs(prm.frequency(0)), std::abs(prm.frequency(prm.half - 1))) : 0.0;
-  POSENC_CHECK(bound * w <= kMaxAngle, op, ": position * frequency must stay within 2^50 rad (the supported angle",
-               " domain); the largest |position| is ", bound, " and the largest frequency ", w);
+  POSENC_CHECK(bound <= prm.angle_position_limit, op, ": position * frequency must stay within 2^50 rad (the",
+               " supported angle domain); the largest |position| is ", bound, " and the largest frequency ",
+               prm.largest_frequency);
 }
 
 }  // namespace

@@ -635,6 +635,20 @@ inv = 1.0 / 10000.0 ** (torch.arange(0, 8, 2, dtype=torch.float64, device="cuda"
 q = torch.randn(1, 3, 2, 8, device="cuda")
 """
 
+# A CUDA graph of one in-place rotation, its positions a static buffer; {fill} is run before the replay.
+_GPU_GRAPH = """
+pos = torch.zeros(3, dtype=torch.long, device="cuda")
+side = torch.cuda.Stream()
+side.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(side):
+    pn.apply_rope_(q, None, pos, inv_freq=inv)
+torch.cuda.current_stream().wait_stream(side)
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    pn.apply_rope_(q, None, pos, inv_freq=inv)
+{fill}
+graph.replay()"""
+
 # (name, statements, the kernel's message): each runs in a process of its own (a device-side
 # assertion leaves the CUDA context unusable), then synchronizes.
 _GPU_BAD_VALUES = [
@@ -666,6 +680,8 @@ _GPU_BAD_VALUES = [
      "float('nan')], device='cuda'))", "positions must be finite and lie in"),
     ("sinusoidal angle past 2^50", "pn.sinusoidal_table(torch.tensor([2.0 ** 45], device='cuda'), 8, "
      "angle_scale=1000.0)", "position * frequency must stay within 2^50 rad"),
+    ("a CUDA graph replayed with a position past 2^48", _GPU_GRAPH.format(fill="pos[1] = 2 ** 50"),
+     "positions + offset must lie in"),
 ]
 
 
@@ -673,10 +689,13 @@ _GPU_BAD_VALUES = [
 def test_cuda_values_outside_the_contract_stop_the_kernel():
     """Every value check the host makes on CPU tensors, made by the kernel on GPU tensors: the call
     returns at once, and the kernel stops with a device-side assertion that names the argument (the
-    CUDA error surfaces at the next synchronization, as for torch's own index checks). A valid
-    call run the same way finishes: the harness tells the two apart."""
+    CUDA error surfaces at the next synchronization, as for torch's own index checks), in a replayed
+    CUDA graph too (where the host never sees the values). A valid call and a valid replay run the
+    same way finish: the harness tells the two apart."""
     cases = [("valid call (control)", "pn.apply_rope_(q, None, torch.tensor([0, 2 ** 48, -(2 ** 48)], device='cuda'), "
-              "inv_freq=inv)", None)] + _GPU_BAD_VALUES
+              "inv_freq=inv)", None),
+             ("valid CUDA graph replay (control)", _GPU_GRAPH.format(fill="pos.copy_(torch.tensor([5, 2 ** 48, 7]))"),
+              None)] + _GPU_BAD_VALUES
     procs = [subprocess.Popen([sys.executable, "-c", _GPU_PRELUDE + stmt + "\ntorch.cuda.synchronize()\nprint('FINISHED')"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _, stmt, _ in cases]
     failures = []

@@ -14,9 +14,9 @@ namespace {
 // the kernel (POSENC_DEVICE_REQUIRE in csrc/core), so that no call waits for the device.
 bool host_readable(const Tensor& t) { return t.is_cpu(); }
 
-// Smallest and largest value of an index/position tensor (numel > 0), any strides and device: for
-// a device tensor this is one device-to-host copy. Integer tensors give exact int64 bounds;
-// floating ones give float64 bounds (NaN if any value is NaN).
+// Smallest and largest value of an index/position tensor on the host (host_readable; numel > 0), any
+// strides. Integer tensors give exact int64 bounds; floating ones give float64 bounds (NaN if any
+// value is NaN).
 struct ValueRange {
   bool integral = true;
   int64_t imin = 0, imax = 0;
@@ -59,8 +59,8 @@ ValueRange value_range(const Tensor& t_in) {
   Tensor t = t_in;
   const bool scannable = dt == ScalarType::Int || dt == ScalarType::Long || dt == ScalarType::Float ||
                          dt == ScalarType::Double;
-  if (!t.is_cpu() || t.dim() > 3 || !scannable) {
-    // Another device, dtype or rank: one copy to a CPU int64/float64 vector, scanned below.
+  if (t.dim() > 3 || !scannable) {
+    // Another dtype or rank: one copy to an int64/float64 vector, scanned below.
     t = torch::stable::reshape(to_cpu(t, r.integral ? ScalarType::Long : ScalarType::Double), {-1});
   }
   switch (dtype_of(t)) {
@@ -365,7 +365,7 @@ void check_positions(const char* op, RopeProblem& p, PositionInfo& info, const T
                    axes > 0 ? " or " + axis_text + "batch or 1, seq]" : std::string(), ", got shape ",
                    sizes_of(pos));
     }
-    // Any strides (the kernels index with them); values read when allowed (one device-to-host copy on CUDA).
+    // Any strides (the kernels index with them); values checked here when on the host, else by the kernel.
     if (pos.numel() > 0 && host_readable(pos)) {
       const ValueRange r = value_range(pos);
       note_range(r.imin, r.imax, "positions");

@@ -579,6 +579,14 @@ def test_angle_domain_finds_the_largest_frequency_anywhere(where):
             pn.apply_rope(q, None, pos, inv_freq=inv)
 
 
+def test_sinusoidal_frequencies_that_overflow_raise():
+    """base 1e-300 with freq_shift 3.9 (dim 8) makes the last frequency exp(~2e4): refused, even for
+    positions that are all zero (0 * inf would be a NaN table)."""
+    for positions in ([0.0], [0.0, 1.0]):
+        with pytest.raises(RuntimeError, match="frequencies must be finite"):
+            pn.sinusoidal_table(torch.tensor(positions), 8, base=1e-300, freq_shift=3.9)
+
+
 BAD_FLOAT_POSITIONS = [1e18, -1e18, float("inf"), float("nan"), 2.0 ** 48 * 1.5]
 
 

@@ -141,6 +141,8 @@ SinusoidalParams sinusoidal_params(const char* op, int64_t dim, double base, boo
   p.interleaved = interleaved;
   p.cos_first = cos_first;
   p.largest_frequency = std::max(std::abs(p.frequency(0)), std::abs(p.frequency(half - 1)));
+  POSENC_CHECK(std::isfinite(p.largest_frequency), op, ": the frequencies must be finite; base ", base,
+               " with freq_shift ", freq_shift, " and angle_scale ", angle_scale, " gives ", p.largest_frequency);
   p.angle_position_limit = p.largest_frequency > 0 ? kMaxAngle / p.largest_frequency : INFINITY;
   return p;
 }

@@ -42,8 +42,10 @@ namespace posenc {
 constexpr int64_t kMaxPosition = int64_t{1} << 48;
 constexpr double kMaxAngle = 1125899906842624.0;  // 2^50
 
-// False for NaN too.
-POSENC_HD bool angle_in_domain(double angle) { return angle <= kMaxAngle && angle >= -kMaxAngle; }
+// |x| <= bound, false for NaN.
+POSENC_HD bool within(double x, double bound) { return x <= bound && x >= -bound; }
+
+POSENC_HD bool angle_in_domain(double angle) { return within(angle, kMaxAngle); }
 
 // Integer positions p with p + offset in [-2^48, 2^48]: min <= p <= max, the domain moved by the
 // offset and saturated to int64, so that neither the bounds nor p + offset can wrap. One definition

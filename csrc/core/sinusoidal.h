@@ -96,8 +96,8 @@ POSENC_HD void sinusoidal_work_item(const SinusoidalProblem& p, int64_t w) {
     } else {
       const double position = p.position(b, s);
       if (checks_rows) {
-        positions_ok &= position <= static_cast<double>(kMaxPosition) && position >= -static_cast<double>(kMaxPosition);
-        angles_ok &= position <= prm.angle_position_limit && position >= -prm.angle_position_limit;
+        positions_ok &= within(position, static_cast<double>(kMaxPosition));
+        angles_ok &= within(position, prm.angle_position_limit);
       }
       M sn, cs;
       sincos_of<M>(position * freq, sn, cs);

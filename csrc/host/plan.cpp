@@ -424,26 +424,28 @@ void check_positions(const char* op, RopeProblem& p, PositionInfo& info, const T
 // The angle domain for frequencies: |position * inv_freq[i]| <= 2^50, checked here for frequencies on
 // the host; on the GPU the kernel checks every angle it forms (core/rope_chunks.h).
 void check_angle_domain(const char* op, const Tensor& inv64, const PositionInfo& info) {
+  if (!host_readable(inv64)) return;
   const double bound = info.known ? std::max(std::abs(static_cast<double>(info.lo)), std::abs(static_cast<double>(info.hi)))
                                   : 0.0;
   // w: the largest sum over axes of |inv_freq[a][i]| (one axis: the largest |inv_freq[i]|).
-  const auto largest_frequency = [&](const Tensor& dense) {
-    const double* v = static_cast<const double*>(data_of(op, dense, "inv_freq"));
-    const int64_t pairs = dense.size(-1), axes = dense.numel() / pairs;
-    if (axes == 1) {
-      // One axis, every decode call: four partial maxima and the finite test folded in (no branch
-      // per entry), a quarter of the loop below's dependency chain, ~60 ns less per call. A
-      // non-finite entry falls through to the loop below, which names it.
-      double part[4] = {0, 0, 0, 0};
-      bool finite = true;
-      for (int64_t i = 0; i < pairs; ++i) {
-        const double f = std::abs(v[i]);
-        finite &= f <= std::numeric_limits<double>::max();  // false for inf and NaN
-        part[i & 3] = std::max(part[i & 3], f);
-      }
-      if (finite) return std::max(std::max(part[0], part[1]), std::max(part[2], part[3]));
+  const double* v = static_cast<const double*>(data_of(op, inv64, "inv_freq"));
+  const int64_t pairs = inv64.size(-1), axes = inv64.numel() / pairs;
+  double w = -1;
+  if (axes == 1) {
+    // One axis, every decode call: four partial maxima and the finite test folded in (no branch
+    // per entry), a quarter of the loop below's dependency chain, ~60 ns less per call. A
+    // non-finite entry falls through to the loop below, which names it.
+    double part[4] = {0, 0, 0, 0};
+    bool finite = true;
+    for (int64_t i = 0; i < pairs; ++i) {
+      const double f = std::abs(v[i]);
+      finite &= f <= std::numeric_limits<double>::max();  // false for inf and NaN
+      part[i & 3] = std::max(part[i & 3], f);
     }
-    double largest = 0;
+    if (finite) w = std::max(std::max(part[0], part[1]), std::max(part[2], part[3]));
+  }
+  if (w < 0) {
+    w = 0;
     for (int64_t i = 0; i < pairs; ++i) {
       double sum = 0;
       for (int64_t a = 0; a < axes; ++a) {
@@ -451,12 +453,9 @@ void check_angle_domain(const char* op, const Tensor& inv64, const PositionInfo&
         POSENC_CHECK(std::isfinite(f), op, ": inv_freq must be finite, got ", f, " at index ", a * pairs + i);
         sum += std::abs(f);
       }
-      largest = std::max(largest, sum);
+      w = std::max(w, sum);
     }
-    return largest;
-  };
-  if (!host_readable(inv64)) return;
-  const double w = largest_frequency(inv64);
+  }
   POSENC_CHECK(bound * w <= kMaxAngle, op, ": position * inv_freq must stay within 2^50 rad (the supported angle ",
                "domain); the largest |position + offset| is ", bound, " and the largest frequency ", w);
 }

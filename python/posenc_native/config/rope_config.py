@@ -47,16 +47,11 @@ class DeviceFrequencies:
 
     def _fill(self, key: Hashable, device: torch.device, seq_len: Optional[int], axes: bool) -> torch.Tensor:
         if not plain_context():  # a FakeTensor or a transform's wrapper must not outlive its context
-            t = self._config.inv_freq(seq_len)
-            return (axis_inv_freq(t, axis_mask(self._config.pair_axes, self._config.num_axes)) if axes else t).to(device)
+            return self._make(device, seq_len, axes)
         with self._lock:
             t = self._entries.get(key)
             if t is None:
-                cfg = self._config
-                t = cfg.inv_freq(seq_len)
-                if axes:
-                    t = axis_inv_freq(t, axis_mask(cfg.pair_axes, cfg.num_axes))
-                t = t.to(device)
+                t = self._make(device, seq_len, axes)
                 entries = {} if len(self._entries) >= self.MAX_ENTRIES else dict(self._entries)
                 entries[key] = t
                 self._entries = entries
@@ -66,6 +61,13 @@ class DeviceFrequencies:
                         and axes == (cfg._pair_axes is not None)):
                     self.cpu_plain = (t, cfg.attention_factor, cfg.interleaved, cfg.head_dim)
             return t
+
+    def _make(self, device: torch.device, seq_len: Optional[int], axes: bool) -> torch.Tensor:
+        cfg = self._config
+        t = cfg.inv_freq(seq_len)
+        if axes:
+            t = axis_inv_freq(t, axis_mask(cfg.pair_axes, cfg.num_axes))
+        return t.to(device)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ from typing import Optional, Union
 
 import torch
 
+from ._checks import check_int
+from ._contexts import is_traced_int, static_int, traced_int, untraced
 from ._forward_ad import tangents, through_linear
 from ._functorch import dispatch, register_autograd
 from ._library import load_library
@@ -33,6 +35,8 @@ Offset = Union[int, torch.SymInt, torch.Tensor]
 def _offset(query_offset: Offset) -> int:
     """An int offset; a 0-dim tensor (transformers' past_seen_tokens with a static cache) is read
     on the host."""
+    if is_traced_int(query_offset):
+        return traced_int("query_offset", query_offset)
     if isinstance(query_offset, torch.Tensor):
         if query_offset.numel() != 1:
             raise ValueError("query_offset must be an int or a one-element tensor, got shape "
@@ -86,9 +90,10 @@ def relative_position_bias(weight: torch.Tensor, query_length: int, key_length: 
         return through_linear(lambda w: relative_position_bias(
             w, query_length, key_length, bidirectional=bidirectional, num_buckets=num_buckets,
             max_distance=max_distance, query_offset=query_offset), dual)
-    nb = num_buckets if num_buckets is not None else (weight.shape[0] if weight.dim() > 0 else 0)
-    return dispatch("relative_position_bias", weight, query_length, key_length, bool(bidirectional), int(nb),
-                    int(max_distance), _offset(query_offset))
+    nb = num_buckets if num_buckets is not None else (static_int(weight.shape[0]) if weight.dim() > 0 else 0)
+    return dispatch("relative_position_bias", weight, check_int("query_length", query_length),
+                    check_int("key_length", key_length), bool(bidirectional), int(nb), int(max_distance),
+                    _offset(query_offset))
 
 
 def alibi_slopes(num_heads: int, *, device: Optional[Union[torch.device, str]] = None) -> torch.Tensor:
@@ -103,7 +108,8 @@ def alibi_slopes(num_heads: int, *, device: Optional[Union[torch.device, str]] =
     c = 1 << (num_heads.bit_length() - 1)
     slopes = [2.0 ** (-8.0 * k / c) for k in range(1, c + 1)]
     slopes += [2.0 ** (-4.0 * k / c) for k in range(1, 2 * (num_heads - c), 2)]
-    return torch.tensor(slopes, dtype=torch.float64, device=device).to(torch.float32)
+    with untraced():  # a constant of a jit trace (it depends on num_heads only)
+        return torch.tensor(slopes, dtype=torch.float64, device=device).to(torch.float32)
 
 
 def alibi_bias(slopes: torch.Tensor, query_length: int, key_length: int, *, query_offset: Offset = 0,
@@ -127,7 +133,8 @@ def alibi_bias(slopes: torch.Tensor, query_length: int, key_length: int, *, quer
     if (dual := tangents(slopes)) is not None:  # linear in slopes
         return through_linear(lambda s: alibi_bias(s, query_length, key_length, query_offset=query_offset,
                                                    dtype=dtype), dual)
-    return dispatch("alibi_bias", slopes, query_length, key_length, _offset(query_offset), dtype)
+    return dispatch("alibi_bias", slopes, check_int("query_length", query_length), check_int("key_length", key_length),
+                    _offset(query_offset), dtype)
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 from . import bias as _bias
-from ._functorch import dispatch as _dispatch
 
 __all__ = ["T5RelativePositionBias", "ALiBi"]
 
@@ -56,9 +55,10 @@ class T5RelativePositionBias(nn.Module):
 
     def forward(self, query_length: int, key_length: int, query_offset: int = 0) -> torch.Tensor:
         weight = self.relative_attention_bias.weight
-        if not torch.jit.is_scripting():  # eager: torch.func transforms need the op's formula (_functorch.py)
-            return _dispatch("relative_position_bias", weight, query_length, key_length, self.bidirectional,
-                             self.num_buckets, self.max_distance, query_offset)
+        if not torch.jit.is_scripting():  # eager: the function, its checks and torch.func/forward-AD rules
+            return _bias.relative_position_bias(weight, query_length, key_length, bidirectional=self.bidirectional,
+                                                num_buckets=self.num_buckets, max_distance=self.max_distance,
+                                                query_offset=query_offset)
         return torch.ops.posenc.relative_position_bias(weight, query_length, key_length, self.bidirectional,
                                                        self.num_buckets, self.max_distance, query_offset)
 
@@ -79,6 +79,6 @@ class ALiBi(nn.Module):
 
     def forward(self, query_length: int, key_length: int, query_offset: int = 0,
                 dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-        if not torch.jit.is_scripting():
-            return _dispatch("alibi_bias", self.slopes, query_length, key_length, query_offset, dtype)
+        if not torch.jit.is_scripting():  # eager: the function, its checks and torch.func/forward-AD rules
+            return _bias.alibi_bias(self.slopes, query_length, key_length, query_offset=query_offset, dtype=dtype)
         return torch.ops.posenc.alibi_bias(self.slopes, query_length, key_length, query_offset, dtype)

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from . import _fx, ops
+from ._contexts import static_int
 from ._rope_math import cos_sin_from_angles, rope_angles, rotate_half
 from .config import RopeConfig, YarnScaling
 
@@ -32,7 +33,7 @@ class SinusoidalPositionalEncoding(nn.Module):
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         if (node := _fx.module_node(self, x, offset)) is not None:
             return node  # torch.fx.symbolic_trace, below a root: this module as one node (its check needs x's shape)
-        if x.shape[-1] != self.d_model:
+        if static_int(x.shape[-1]) != self.d_model:  # (static_int: jit.trace reads sizes as tensors)
             raise ValueError(f"x's last dim must be d_model={self.d_model}, got shape {tuple(x.shape)}")
         return ops.add_sinusoidal(x, offset=offset)
 
@@ -53,7 +54,10 @@ class LearnablePositionalEncoding(nn.Module):
             if node is not None:
                 return node
         seq = x.shape[-2]
-        if offset + seq > self.max_len:
+        end = offset + seq
+        if not torch.jit.is_scripting():
+            end = static_int(end)  # jit.trace: this trace's sizes, checked (the arange below follows new ones)
+        if end > self.max_len:
             raise ValueError(f"sequence of length {seq} at offset {offset} exceeds max_len={self.max_len} of "
                              "LearnablePositionalEncoding; a learned table has no rows past max_len "
                              "(use SinusoidalPositionalEncoding or a larger max_len)")

@@ -14,7 +14,10 @@ import torch
 from . import _fx, _library
 from ._functorch import dispatch as _dispatch, register_autograd as _register_autograd
 from ._functorch import transforms_active as _functorch_active
-from ._contexts import MODES_ACTIVE, plain_context
+from ._checks import check_bool as _check_bool, check_float as _check_float, check_int as _check_int
+from ._checks import check_tensor as _check_tensor
+from ._contexts import MODES_ACTIVE, is_traced_int, plain_context, static_int, traced_int, tracing, untraced
+from ._contexts import warn_trace_keeps
 from ._forward_ad import make_dual as _make_dual, refuse_tangents as _refuse_tangents
 from ._forward_ad import tangents as _tangents, through_linear as _through_linear
 from ._library import load_library
@@ -39,57 +42,14 @@ __all__ = [
 ]
 
 # --------------------------------------------------------------------------------------------
-# Argument checks: a TypeError/ValueError naming the argument, before anything reaches the ops.
-# SymInt/SymFloat (torch.compile) pass through untouched, so no guard or recompile is added.
-
-
-def _check_int(name: str, value, *, optional: bool = False):
-    if type(value) is int:  # the common case first: these run on every call
-        return value
-    if (value is None and optional) or torch.compiler.is_compiling():
-        return value  # traced ints are SymInts: __index__ would specialize them
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    return value.__index__()
-
-
-def _check_float(name: str, value) -> float:
-    if type(value) is float:
-        return value
-    if isinstance(value, (torch.SymFloat, torch.SymInt)) or torch.compiler.is_compiling():
-        return value
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
-    return float(value)
-
-
-def _check_bool(name: str, value) -> bool:
-    if value is True or value is False:
-        return value
-    if isinstance(value, bool) or type(value).__name__ == "bool_" or (isinstance(value, int) and value in (0, 1)):
-        return bool(value)
-    raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
-
-
-def _check_tensor(name: str, value, *, optional: bool = False, dims: Optional[Sequence[int]] = None,
-                  shape_text: str = "") -> Optional[torch.Tensor]:
-    if value is None and optional:
-        return None
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor{' or None' if optional else ''}, got {type(value).__name__}")
-    if dims is not None and value.dim() not in dims:
-        raise ValueError(f"{name} must be {shape_text or ' or '.join(f'{d}-D' for d in dims)}, got shape "
-                         f"{tuple(value.shape)}")
-    return value
-
-
-# --------------------------------------------------------------------------------------------
 # Sinusoidal
 
 
 def _positions_tensor(positions: Positions, device) -> torch.Tensor:
     if isinstance(positions, bool):
         raise TypeError("positions must be an int length or a 1-D tensor of positions, got bool")
+    if is_traced_int(positions):  # sinusoidal_table(x.shape[1], ...) under torch.jit.trace
+        positions = traced_int("positions", positions)
     if isinstance(positions, (int, torch.SymInt)):
         if positions < 0:
             raise ValueError(f"positions must be a length >= 0, got {positions}")
@@ -252,6 +212,12 @@ def rope_seq_len(config: "RopeConfig", q: torch.Tensor, positions: Optional[torc
     a positions tensor's maximum synchronizes with its device."""
     if not config.needs_seq_len:
         return None
+    if tracing():
+        with untraced():  # this trace's length, read without recording (sizes and positions.max())
+            seq_len = rope_seq_len(config, q, positions, layout, offset, cu_seqlens)
+        warn_trace_keeps(f"the {config.rope_type} frequencies of sequence length {seq_len}",
+                         f"{config.rope_type} frequencies depend on the sequence length, which a trace cannot follow")
+        return seq_len
     if positions is not None and positions.numel() > 0:
         return seq_len_from_positions(positions, offset)
     if cu_seqlens is not None:
@@ -293,7 +259,8 @@ def _cached_axis_mask(section: tuple, interleaved: bool, device: torch.device) -
     plain = plain_context()
     mask = _AXIS_MASKS.get(key) if plain else None
     if mask is None:
-        mask = axis_mask(mrope_pair_axes(section, interleaved), len(section), device)
+        with untraced():  # a constant of a jit trace, as RopeConfig's frequencies
+            mask = axis_mask(mrope_pair_axes(section, interleaved), len(section), device)
         if plain:
             masks = {} if len(_AXIS_MASKS) >= 64 else dict(_AXIS_MASKS)
             masks[key] = mask
@@ -374,7 +341,7 @@ def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, i
         raise ValueError(f"offset must fit in int64, got {offset}")
     if rotary_dim is not None:
         rotary_dim = _check_int("rotary_dim", rotary_dim)
-    head_dim = shape[-1]
+    head_dim = static_int(shape[-1])  # (jit.trace reads sizes as tensors: compared with the config's constant)
     if config is not None:
         if not isinstance(config, RopeConfig):
             raise TypeError(f"config must be a RopeConfig, got {type(config).__name__}")

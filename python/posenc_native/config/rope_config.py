@@ -8,7 +8,7 @@ from typing import Any, Hashable, Mapping, Optional, Sequence, Union
 
 import torch
 
-from .._contexts import plain_context
+from .._contexts import plain_context, untraced
 from .._rope_math import axis_inv_freq, axis_mask, mrope_pair_axes
 from .scheme import RopeScaling, scaling_from_dict, scheme_class
 
@@ -64,10 +64,11 @@ class DeviceFrequencies:
 
     def _make(self, device: torch.device, seq_len: Optional[int], axes: bool) -> torch.Tensor:
         cfg = self._config
-        t = cfg.inv_freq(seq_len)
-        if axes:
-            t = axis_inv_freq(t, axis_mask(cfg.pair_axes, cfg.num_axes))
-        return t.to(device)
+        with untraced():  # under torch.jit.trace a constant, the same for every trace that reads the cache
+            t = cfg.inv_freq(seq_len)
+            if axes:
+                t = axis_inv_freq(t, axis_mask(cfg.pair_axes, cfg.num_axes))
+            return t.to(device)
 
 
 @dataclass(frozen=True)

@@ -454,12 +454,15 @@ def test_inplace_autograd_on_non_leaf():
 def test_compile_fullgraph_no_breaks():
     gen = torch.Generator().manual_seed(17)
     cfg = RopeConfig(head_dim=32, base=1e6, mrope_section=(4, 6, 6), mrope_interleaved=True)
+    inv_freq = cfg.inv_freq()
 
     def step(q, k, pos):
         q, k = pn.apply_rope(q, k, pos, config=cfg)
         q2, k2 = q.clone(), k.clone()
         pn.apply_rope_(q2, k2, pos, config=cfg)
-        return q + q2, k + k2
+        # inv_freq= with mrope_section=: its axis mask (cached for eager calls) is no graph break
+        q3, k3 = pn.apply_rope(q, k, pos, inv_freq=inv_freq, mrope_section=(4, 6, 6), mrope_interleaved=True)
+        return q + q2 + q3, k + k2 + k3
 
     q, k = _layout_qk("bshd", 2, 7, 3, 1, 32, torch.float32, "cpu", gen)
     pos = random_axis_positions(2, 7, gen, high=4000)

@@ -215,3 +215,84 @@ def test_scripted_backward_matches_eager():
     assert all(g.abs().max() > 1e-3 for g in grads_e)
     for ge, gs in zip(grads_e, grads_s):
         torch.testing.assert_close(gs, ge, rtol=1e-5, atol=1e-6)
+
+
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}
+
+
+class ModulesModel(nn.Module):
+    """A model built from the library's modules (not raw ops), as a user writes it: TorchScript
+    compiles their forward (RotaryEmbedding and SinusoidalPositionalEncoding call the ops there)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pe = posenc_native.SinusoidalPositionalEncoding(D_MODEL, max_len=64)
+        self.rotary = posenc_native.RotaryEmbedding(posenc_native.RopeConfig(head_dim=HEAD_DIM, scaling=YARN,
+                                                                             interleaved=True))
+        self.rotary_bhsd = posenc_native.RotaryEmbedding(posenc_native.RopeConfig(head_dim=HEAD_DIM, base=500.0),
+                                                         layout="bhsd")
+
+    def forward(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+                offset: int) -> Dict[str, torch.Tensor]:
+        out: Dict[str, torch.Tensor] = {"embedded": self.pe(x, offset)}
+        rq, rk = self.rotary(q, k, positions)
+        assert rk is not None
+        out["rope_q"], out["rope_k"] = rq, rk
+        q_only, none = self.rotary_bhsd(q.transpose(1, 2), None, None, offset)
+        assert none is None
+        out["bhsd_q_alone"] = q_only.transpose(1, 2)
+        return out
+
+
+def test_library_modules_script_and_load_with_the_op_library_alone(tmp_path):
+    """RotaryEmbedding (yarn, interleaved; q alone in bhsd) and SinusoidalPositionalEncoding inside a
+    scripted model: saved, loaded in a fresh interpreter with only torch.ops.load_library, and the
+    outputs there equal the float64 reference. .double() before scripting leaves the frequencies
+    exact (kept as int64 bits)."""
+    model = ModulesModel().double().float()  # a dtype round trip would round float64 frequencies
+    scripted = torch.jit.script(model)
+    scripted.save(str(tmp_path / "modules.pt"))
+    inputs = make_inputs(seed=27)
+    torch.save(inputs, tmp_path / "inputs.pt")
+    proc = run_python(f"""
+        import torch
+        torch.ops.load_library({posenc_native.library_path()!r})
+        module = torch.jit.load({str(tmp_path / "modules.pt")!r})
+        i = torch.load({str(tmp_path / "inputs.pt")!r})
+        with torch.no_grad():
+            out = module(i["x"], i["q"], i["k"], i["positions"], 11)
+        torch.save(dict(out), {str(tmp_path / "out.pt")!r})
+        assert not any(m.startswith("posenc") for m in __import__("sys").modules)
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = torch.load(tmp_path / "out.pt")
+    pos, q, k = inputs["positions"], inputs["q"], inputs["k"]
+    yarn = posenc_native.RopeConfig(head_dim=HEAD_DIM, scaling=YARN, interleaved=True)
+    truth = {
+        "embedded": reference.add_sinusoidal(inputs["x"].double(), offset=11),
+        "rope_q": reference.apply_rope(q.double(), None, pos, yarn)[0],
+        "rope_k": reference.apply_rope(k.double(), None, pos, yarn)[0],
+        "bhsd_q_alone": rope_reference(q, torch.arange(SEQ) + 11, default_inv_freq(HEAD_DIM, 500.0)),
+    }
+    assert set(out) == set(truth)
+    for name, expected in truth.items():
+        torch.testing.assert_close(out[name].double(), expected, rtol=0, atol=5e-6, msg=name)
+    with torch.no_grad():  # and the scripted module in this process is the eager one
+        eager = model(*_args(inputs)[:4], 11)
+        here = scripted(*_args(inputs)[:4], 11)
+    for name in eager:
+        torch.testing.assert_close(here[name], eager[name], rtol=0, atol=0)
+
+
+def test_scripted_module_checks_its_arguments():
+    scripted = torch.jit.script(posenc_native.RotaryEmbedding(posenc_native.RopeConfig(head_dim=HEAD_DIM)))
+    with pytest.raises(Exception, match=f"head_dim must be config.head_dim={HEAD_DIM}"):
+        scripted(torch.randn(1, 3, 2, HEAD_DIM + 2))
+    dynamic = posenc_native.RopeConfig(head_dim=HEAD_DIM, max_position_embeddings=16,
+                                       scaling={"rope_type": "dynamic", "factor": 2.0})
+    scripted = torch.jit.script(posenc_native.RotaryEmbedding(dynamic))
+    with pytest.raises(Exception, match="dynamic frequencies depend on the sequence length"):
+        scripted(torch.randn(1, 3, 2, HEAD_DIM))
+    pe = torch.jit.script(posenc_native.SinusoidalPositionalEncoding(D_MODEL))
+    with pytest.raises(Exception, match=f"d_model={D_MODEL}"):
+        pe(torch.randn(1, 3, D_MODEL + 1))

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import nn
@@ -31,11 +31,18 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.register_buffer("pe", ops.sinusoidal_table(max_len, d_model).unsqueeze(0), persistent=False)
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        if (node := _fx.module_node(self, x, offset)) is not None:
-            return node  # torch.fx.symbolic_trace, below a root: this module as one node (its check needs x's shape)
-        if static_int(x.shape[-1]) != self.d_model:  # (static_int: jit.trace reads sizes as tensors)
-            raise ValueError(f"x's last dim must be d_model={self.d_model}, got shape {tuple(x.shape)}")
-        return ops.add_sinusoidal(x, offset=offset)
+        if torch.jit.is_scripting():  # TorchScript: the op itself, as ops.add_sinusoidal calls it
+            if x.size(-1) != self.d_model:
+                raise ValueError(f"x's last dim must be d_model={self.d_model}, got shape {x.shape}")
+            positions = torch.arange(x.size(-2), device=x.device) + offset
+            return torch.ops.posenc.add_sinusoidal(x, positions, 1.0, 10000.0, True, 0.0, 1.0, False)
+        else:
+            node = _fx.module_node(self, x, offset)
+            if node is not None:
+                return node  # torch.fx.symbolic_trace, below a root: this module as one node (its check needs x's shape)
+            if static_int(x.shape[-1]) != self.d_model:  # (static_int: jit.trace reads sizes as tensors)
+                raise ValueError(f"x's last dim must be d_model={self.d_model}, got shape {tuple(x.shape)}")
+            return ops.add_sinusoidal(x, offset=offset)
 
 
 class LearnablePositionalEncoding(nn.Module):
@@ -80,6 +87,26 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.config = config
         self.layout = layout
+        # What forward compiled by TorchScript reads (it cannot call the Python API): the op's
+        # arguments from the config. The float64 frequencies are a buffer, so .to(device) moves them
+        # (and _apply keeps them float64); none for a config whose frequencies depend on the
+        # sequence length (such a module does not script).
+        self._script_static = not config.needs_seq_len
+        freqs = config.op_inv_freq() if self._script_static else torch.empty(0, dtype=torch.float64)
+        self.register_buffer("_script_inv_freq", freqs, persistent=False)
+        self._script_attention_factor = float(config.attention_factor)
+        self._script_interleaved = bool(config.interleaved)
+        self._script_head_dim = int(config.head_dim)
+        self._script_rope_type = str(config.rope_type)
+
+    def _apply(self, fn, recurse=True):
+        """.half(), .to(dtype) and the like would round the float64 frequencies that TorchScript
+        reads; only their device follows (the Python path reads the config's cache, never this)."""
+        freqs = self._script_inv_freq
+        super()._apply(fn, recurse)
+        if self._script_inv_freq.dtype != torch.float64:
+            self._script_inv_freq = freqs.to(self._script_inv_freq.device)
+        return self
 
     @classmethod
     def from_hf(cls, cfg, layer_type: Optional[str] = None, layout: str = "bshd") -> "RotaryEmbedding":
@@ -91,13 +118,39 @@ class RotaryEmbedding(nn.Module):
         return self.config.inv_freq_on(device, seq_len)
 
     def forward(self, q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None,
-                offset: int = 0, cu_seqlens: Optional[torch.Tensor] = None):
-        if (node := _fx.module_node(self, q, k, positions, offset, cu_seqlens)) is not None:
-            return node  # torch.fx.symbolic_trace, below a root: this module as one node
-        # ops.apply_rope(q, k, positions, config=self.config, layout=self.layout, offset=offset,
-        # cu_seqlens=cu_seqlens), without its keyword handling (a tenth of a decode step's Python time)
-        return (ops._rope if ops._FAST is None else ops._FAST.rope)(
-            False, q, k, positions, self.config, None, None, None, self.layout, offset, cu_seqlens, None, None, False)
+                offset: int = 0, cu_seqlens: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        if torch.jit.is_scripting():
+            return self._scripted_rope(q, k, positions, offset, cu_seqlens)
+        else:
+            node = _fx.module_node(self, q, k, positions, offset, cu_seqlens)
+            if node is not None:
+                return node  # torch.fx.symbolic_trace, below a root: this module as one node
+            # ops.apply_rope(q, k, positions, config=self.config, layout=self.layout, offset=offset,
+            # cu_seqlens=cu_seqlens), without its keyword handling (a tenth of a decode step's Python time)
+            return (ops._rope if ops._FAST is None else ops._FAST.rope)(
+                False, q, k, positions, self.config, None, None, None, self.layout, offset, cu_seqlens, None, None,
+                False)
+
+    def _scripted_rope(self, q: torch.Tensor, k: Optional[torch.Tensor], positions: Optional[torch.Tensor],
+                       offset: int, cu_seqlens: Optional[torch.Tensor]) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """forward as TorchScript runs it: torch.ops.posenc.rope with the config's arguments (the op
+        checks the rest, as on the Python path)."""
+        if not self._script_static:
+            raise RuntimeError(f"RotaryEmbedding: {self._script_rope_type} frequencies depend on the sequence "
+                               "length, which TorchScript code cannot compute; use torch.compile or torch.export")
+        if q.dim() == 0 or q.size(-1) != self._script_head_dim:
+            raise ValueError(f"q's head_dim must be config.head_dim={self._script_head_dim}, got shape {q.shape}")
+        k_arg = k
+        if k_arg is None:  # q alone: the op takes a k of zero heads
+            shape = list(q.size())
+            shape[2 if self.layout == "bshd" else 1] = 0
+            k_arg = q.new_empty(shape)
+        q_out, k_out = torch.ops.posenc.rope(q, k_arg, positions, cu_seqlens, self._script_inv_freq,
+                                             self._script_attention_factor, self._script_interleaved, self.layout,
+                                             offset, False)
+        if k is None:
+            return q_out, None
+        return q_out, k_out
 
 
 if ops._FAST is not None:

@@ -65,10 +65,7 @@ class DeviceFrequencies:
     def _make(self, device: torch.device, seq_len: Optional[int], axes: bool) -> torch.Tensor:
         cfg = self._config
         with untraced():  # under torch.jit.trace a constant, the same for every trace that reads the cache
-            t = cfg.inv_freq(seq_len)
-            if axes:
-                t = axis_inv_freq(t, axis_mask(cfg.pair_axes, cfg.num_axes))
-            return t.to(device)
+            return (cfg.op_inv_freq(seq_len) if axes else cfg.inv_freq(seq_len)).to(device)
 
 
 @dataclass(frozen=True)
@@ -101,8 +98,8 @@ class RopeConfig:
     ``softmax_scale_multiplier``, ``pair_axes`` / ``num_axes`` (the axis layout). Methods:
     ``inv_freq(seq_len=None)`` (float64, on the host, a new tensor), ``inv_freq_on(device,
     seq_len=None)`` (the same values on ``device``, cached per device and regime and shared: do not
-    modify it) and ``op_inv_freq_on`` (what the ops take: the same, or its axis form). Axial RoPE
-    (Flux): :meth:`axial`.
+    modify it), ``op_inv_freq`` / ``op_inv_freq_on`` (what the ops take: the same, or its axis
+    form). Axial RoPE (Flux): :meth:`axial`.
 
     Invalid values raise ValueError naming the field. Where transformers only warns, this rejects:
     ``factor < 1``; ``beta_fast < beta_slow`` (or either <= 0); LongRoPE factor lists whose length
@@ -263,11 +260,16 @@ class RopeConfig:
         """Position rows the rotation reads: ``len(mrope_section)``, 1 without an axis layout."""
         return 1 if self.mrope_section is None else len(self.mrope_section)
 
+    def op_inv_freq(self, seq_len: Optional[int] = None) -> torch.Tensor:
+        """The frequencies as ``torch.ops.posenc.rope`` takes them, float64 on the host, a new tensor:
+        :meth:`inv_freq` without an axis layout, else ``[num_axes, rotary_dim // 2]`` with pair i's
+        frequency in row ``pair_axes[i]`` and zeros elsewhere (``_rope_math.axis_inv_freq``)."""
+        t = self.inv_freq(seq_len)
+        return t if self._pair_axes is None else axis_inv_freq(t, axis_mask(self._pair_axes, self.num_axes))
+
     def op_inv_freq_on(self, device: Union[torch.device, str, None] = None, seq_len: Optional[int] = None
                        ) -> torch.Tensor:
-        """The frequencies as ``torch.ops.posenc.rope`` takes them, cached like :meth:`inv_freq_on`:
-        that tensor without an axis layout, else ``[num_axes, rotary_dim // 2]`` with pair i's
-        frequency in row ``pair_axes[i]`` and zeros elsewhere (``_rope_math.axis_inv_freq``)."""
+        """:meth:`op_inv_freq` on ``device``, cached like :meth:`inv_freq_on` (shared: do not modify it)."""
         if seq_len is not None and (isinstance(seq_len, bool) or int(seq_len) < 0):
             raise ValueError(f"'seq_len' must be an int >= 0, got {seq_len!r}")
         dev = device if isinstance(device, torch.device) else torch.device("cpu" if device is None else device)

@@ -296,3 +296,28 @@ def test_scripted_module_checks_its_arguments():
     pe = torch.jit.script(posenc_native.SinusoidalPositionalEncoding(D_MODEL))
     with pytest.raises(Exception, match=f"d_model={D_MODEL}"):
         pe(torch.randn(1, 3, D_MODEL + 1))
+
+
+@pytest.mark.parametrize("case", ["mrope-interleaved", "thd-partial-llama3"])
+def test_scripted_rotary_embedding_matches_reference(case):
+    """The scripted forward's other arguments: an axis layout (positions [A, B, S]), and packed
+    tokens with cu_seqlens, an offset and partial rotary, q alone too."""
+    g = torch.Generator().manual_seed(28)
+    if case == "mrope-interleaved":
+        cfg = posenc_native.RopeConfig(head_dim=64, mrope_section=(8, 12, 12), mrope_interleaved=True)
+        layout, q, k = "bshd", torch.randn(2, 8, 4, 64, generator=g), torch.randn(2, 8, 2, 64, generator=g)
+        args, kwargs = (torch.randint(0, 4000, (3, 2, 8), generator=g), 0, None), {}
+    else:
+        cfg = posenc_native.RopeConfig(head_dim=64, rotary_dim=32, base=500000.0, scaling={
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64})
+        layout, q, k = "thd", torch.randn(10, 4, 64, generator=g), torch.randn(10, 2, 64, generator=g)
+        cu = torch.tensor([0, 3, 10])
+        args, kwargs = (None, 5, cu), {"offset": 5, "cu_seqlens": cu}
+    scripted = torch.jit.script(posenc_native.RotaryEmbedding(cfg, layout=layout))
+    got_q, got_k = scripted(q, k, *args)
+    want_q, want_k = reference.apply_rope(q.double(), k.double(), args[0], cfg, layout=layout, **kwargs)
+    torch.testing.assert_close(got_q.double(), want_q, rtol=0, atol=5e-6)
+    torch.testing.assert_close(got_k.double(), want_k, rtol=0, atol=5e-6)
+    alone, none = scripted(q, None, *args)
+    assert none is None and torch.equal(alone, got_q)

@@ -179,3 +179,37 @@ def test_check_refuses_a_config_where_transformers_float32_rounds_differently():
 def test_no_bias_module_is_an_error():
     with pytest.raises(ValueError, match="no attention module"):
         t5_patch.patch(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:FutureWarning")
+def test_traced_patched_model_follows_new_lengths():
+    """torch.jit.trace records the kernel's int lengths as constants, so under a trace the patch
+    runs the model's own compute_bias: a patched model traced at one length is right at another,
+    as the unpatched model's trace is (and no posenc warning)."""
+    import warnings
+
+    model = tiny("t5", seed=5)
+
+    class Logits(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, src, tgt):
+            return self.m(input_ids=src, decoder_input_ids=tgt, use_cache=False, return_dict=False)[0]
+
+    wrapped = Logits(model)
+    src, tgt = inputs(seed=6, batch=1, src=12, tgt=7)
+    new_src, new_tgt = inputs(seed=7, batch=1, src=31, tgt=19)
+    with torch.no_grad():
+        want = wrapped(new_src, new_tgt)
+        hf_patch.patch(model)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            traced = torch.jit.trace(wrapped, (src, tgt))
+        assert torch.equal(wrapped(src, tgt), traced(src, tgt))
+        got = traced(new_src, new_tgt)
+    hf_patch.unpatch(model)
+    assert not [w for w in seen if "posenc" in str(w.message)]
+    assert want.abs().max() > 0.1
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)

@@ -17,6 +17,8 @@ difference refuses the patch before anything changes (transformers' float32 buck
 kernel's exact one can differ for unusual ``(num_buckets, max_distance)`` pairs; see
 csrc/core/relative_bias.h).
 
+Under torch.jit.trace the model's own ``compute_bias`` runs, so that a trace follows new lengths.
+
 Limits: ``past_seen_tokens`` given as a tensor (static caches) is read on the host, which a
 ``torch.compile`` graph breaks on. A deep copy of a patched model is patched too (and unpatched on
 its own); pickling a patched model is not supported (unpatch first).
@@ -29,6 +31,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from .._contexts import tracing
 from ..bias import relative_position_bias
 
 __all__ = ["MODEL_TYPES", "patch", "unpatch", "is_patched", "patched_modules"]
@@ -40,7 +43,13 @@ _METHOD = "compute_bias"
 
 def _kernel_compute_bias(self: nn.Module, query_length: int, key_length: int, device=None,
                          past_seen_tokens=0) -> torch.Tensor:
-    """transformers' ``compute_bias`` signature, computed by posenc's relative_position_bias kernel."""
+    """transformers' ``compute_bias`` signature, computed by posenc's relative_position_bias kernel.
+    Under torch.jit.trace the model's own compute_bias (the same values, checked at patch time):
+    its torch ops record the lengths as data flow, which an op's int arguments cannot be, so the
+    trace follows new lengths as the unpatched model's does."""
+    if tracing():
+        return type(self).compute_bias(self, query_length, key_length, device=device,
+                                       past_seen_tokens=past_seen_tokens)
     bias = relative_position_bias(self.relative_attention_bias.weight, query_length, key_length,
                                   bidirectional=not self.is_decoder, num_buckets=self.relative_attention_num_buckets,
                                   max_distance=self.relative_attention_max_distance, query_offset=past_seen_tokens)

@@ -213,3 +213,21 @@ def test_trace_names_a_regime_picked_by_length():
     assert any("this trace keeps the dynamic frequencies of sequence length 24" in m for m in messages), messages
     for g, w in zip(traced(q, k, pos), reference.apply_rope(q.double(), k.double(), pos, cfg)):
         torch.testing.assert_close(g.double(), w, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("seed_class", ["RoPEPositionalEncoding", "YaRNPositionalEncoding"])
+def test_traced_seed_article_attention_follows_new_lengths(seed_class):
+    """The seed articles' pattern: tables of ``q.shape[2]`` positions, then ``apply_rotary_emb``;
+    traced without a TracerWarning (the fused-or-formula choice is made on the trace's shapes), and
+    right at another length."""
+    if seed_class == "RoPEPositionalEncoding":
+        rope = pn.RoPEPositionalEncoding(64)
+        tables = lambda m, q: (lambda f: (f.cos(), f.sin()))(m(q.shape[2]))  # noqa: E731
+    else:
+        rope = pn.YaRNPositionalEncoding(64, original_max_position_embeddings=64, scaling_factor=4.0)
+        tables = lambda m, q: m(q.shape[2])  # noqa: E731
+    attention = Module(lambda m, q: m.apply_rotary_emb(q, *tables(m, q)), rope)
+    traced = trace_quietly(attention, (randn(2, 4, 8, 64),))
+    q = randn(2, 4, 37, 64)
+    want, _ = reference.apply_rope(q.double(), None, None, rope.config, layout="bhsd")
+    torch.testing.assert_close(traced(q).double(), want, rtol=0, atol=2e-5)

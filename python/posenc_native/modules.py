@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from . import _fx, ops
-from ._contexts import static_int
+from ._contexts import static_int, tracing, untraced
 from ._rope_math import cos_sin_from_angles, rope_angles, rotate_half
 from .config import RopeConfig, YarnScaling
 
@@ -168,6 +168,9 @@ def _fused_cos_sin_ok(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
     """Whether ``x * cos + rotate_half(x) * sin`` can run as the fused op: x ``[B,H,S,D]`` (or
     ``[B,S,D]``) with cos/sin ``[S,D]`` or ``[B or 1,S,D]`` on the same device, and no gradient
     wanted for cos/sin (the op differentiates q and k only). Anything else takes the plain formula."""
+    if tracing():  # torch.jit.trace: decided on this trace's shapes as ints (the same at other lengths)
+        with untraced():
+            return _fused_cos_sin_ok(x, cos, sin)
     if x.dim() not in (3, 4) or cos.shape != sin.shape or cos.dim() not in (2, 3):
         return False
     if not (x.is_floating_point() and cos.is_floating_point() and sin.is_floating_point()):

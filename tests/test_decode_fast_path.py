@@ -141,7 +141,7 @@ def test_fast_path_steps_aside_for_modes_and_profiler(in_place):
     assert any(e.name == name.rsplit(".", 1)[0].replace(".", "::") for e in prof.events())
 
 
-@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:FutureWarning")
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated")
 def test_jit_trace_records_the_op_of_every_entry():
     """torch.jit.trace records ops through the dispatcher, so the fast path steps aside while a
     tracer is active: each entry's trace holds the posenc op and reruns on new inputs as eager does."""

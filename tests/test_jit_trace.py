@@ -18,8 +18,8 @@ import torch
 import posenc_native as pn
 from posenc_native import reference
 
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:FutureWarning",
-                                        "ignore:`torch.jit.trace_method` is deprecated:FutureWarning")
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated",  # (2.13: a DeprecationWarning)
+                                        "ignore:`torch.jit.trace_method` is deprecated")
 
 GEN = torch.Generator().manual_seed(27)
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}

@@ -181,7 +181,7 @@ def test_no_bias_module_is_an_error():
         t5_patch.patch(torch.nn.Linear(2, 2))
 
 
-@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:FutureWarning")
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated")
 def test_traced_patched_model_follows_new_lengths():
     """torch.jit.trace records the kernel's int lengths as constants, so under a trace the patch
     runs the model's own compute_bias: a patched model traced at one length is right at another,

@@ -321,3 +321,39 @@ def test_scripted_rotary_embedding_matches_reference(case):
     torch.testing.assert_close(got_k.double(), want_k, rtol=0, atol=5e-6)
     alone, none = scripted(q, None, *args)
     assert none is None and torch.equal(alone, got_q)
+
+
+class SeedRoPEAttention(nn.Module):
+    """The seed articles' pattern: angle tables of q's length, then apply_rotary_emb."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rope = posenc_native.RoPEPositionalEncoding(64, base=500.0)
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        freqs = self.rope(q.shape[2])
+        return self.rope.apply_rotary_emb(q, freqs.cos(), freqs.sin())
+
+
+class SeedYaRNAttention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rope = posenc_native.YaRNPositionalEncoding(64, original_max_position_embeddings=64, scaling_factor=4.0)
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        cos, sin = self.rope(q.shape[2])
+        return self.rope.apply_rotary_emb(q, cos, sin)
+
+
+@pytest.mark.parametrize("model_cls", [SeedRoPEAttention, SeedYaRNAttention])
+def test_seed_article_modules_script(model_cls):
+    """RoPEPositionalEncoding and YaRNPositionalEncoding inside a scripted model: their tables equal
+    the eager ones bit for bit (float64 frequencies kept through a dtype round trip), and the
+    rotation matches the float64 reference."""
+    model = model_cls().half().float()
+    scripted = torch.jit.script(model)
+    q = torch.randn(2, 4, 37, 64, generator=torch.Generator().manual_seed(29))
+    for got, want in zip(torch.jit.script(model.rope)(37), model.rope(37)):
+        assert torch.equal(got, want)
+    want, _ = reference.apply_rope(q.double(), None, None, model.rope.config, layout="bhsd")
+    torch.testing.assert_close(scripted(q).double(), want, rtol=0, atol=5e-6)

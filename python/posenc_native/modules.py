@@ -72,7 +72,25 @@ class LearnablePositionalEncoding(nn.Module):
         return x + self.position_embeddings(positions).to(x.dtype)
 
 
-class RotaryEmbedding(nn.Module):
+class _ScriptFrequencies(nn.Module):
+    """A module whose TorchScript forward reads its config's frequencies (TorchScript cannot call
+    the config's cache) from the float64 buffer ``_script_inv_freq``, ``config.op_inv_freq()``:
+    ``.to(device)`` moves it, and ``_apply`` keeps it float64 through ``.half()`` / ``.to(dtype)``,
+    so that the scripted module computes what the eager one does."""
+
+    def _keep_script_frequencies(self, config: RopeConfig) -> None:
+        freqs = torch.empty(0, dtype=torch.float64) if config.needs_seq_len else config.op_inv_freq()
+        self.register_buffer("_script_inv_freq", freqs, persistent=False)  # (none: its frequencies vary)
+
+    def _apply(self, fn, recurse=True):
+        freqs = self._script_inv_freq
+        super()._apply(fn, recurse)
+        if self._script_inv_freq.dtype != torch.float64:
+            self._script_inv_freq = freqs.to(self._script_inv_freq.device)
+        return self
+
+
+class RotaryEmbedding(_ScriptFrequencies):
     """Fused RoPE for a :class:`RopeConfig`: ``forward(q, k, positions) -> (q, k)``.
 
     q and k are ``[batch, seq, heads, head_dim]`` by default (``layout="bhsd"`` for transformers'
@@ -88,25 +106,13 @@ class RotaryEmbedding(nn.Module):
         self.config = config
         self.layout = layout
         # What forward compiled by TorchScript reads (it cannot call the Python API): the op's
-        # arguments from the config. The float64 frequencies are a buffer, so .to(device) moves them
-        # (and _apply keeps them float64); none for a config whose frequencies depend on the
-        # sequence length (such a module does not script).
+        # arguments from the config (a config whose frequencies depend on the sequence length does not script)
         self._script_static = not config.needs_seq_len
-        freqs = config.op_inv_freq() if self._script_static else torch.empty(0, dtype=torch.float64)
-        self.register_buffer("_script_inv_freq", freqs, persistent=False)
+        self._keep_script_frequencies(config)
         self._script_attention_factor = float(config.attention_factor)
         self._script_interleaved = bool(config.interleaved)
         self._script_head_dim = int(config.head_dim)
         self._script_rope_type = str(config.rope_type)
-
-    def _apply(self, fn, recurse=True):
-        """.half(), .to(dtype) and the like would round the float64 frequencies that TorchScript
-        reads; only their device follows (the Python path reads the config's cache, never this)."""
-        freqs = self._script_inv_freq
-        super()._apply(fn, recurse)
-        if self._script_inv_freq.dtype != torch.float64:
-            self._script_inv_freq = freqs.to(self._script_inv_freq.device)
-        return self
 
     @classmethod
     def from_hf(cls, cfg, layer_type: Optional[str] = None, layout: str = "bshd") -> "RotaryEmbedding":
@@ -188,7 +194,7 @@ def _fused_cos_sin_ok(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
     return torch.promote_types(x.dtype, cos.dtype) == x.dtype and torch.promote_types(x.dtype, sin.dtype) == x.dtype
 
 
-class RoPEPositionalEncoding(nn.Module):
+class RoPEPositionalEncoding(_ScriptFrequencies):
     """Rotary position embedding, with the seed article's interface (half-split pairs, GPT-NeoX/Llama).
 
     ``forward(seq_len, device=None)`` returns the ``[seq_len, dim]`` angle matrix
@@ -206,11 +212,15 @@ class RoPEPositionalEncoding(nn.Module):
         self.config = RopeConfig(head_dim=dim, base=base)
         # the seed's float32 buffer, for code that reads it; the kernels use the config's float64 cache
         self.register_buffer("inv_freq", self.config.inv_freq().to(torch.float32), persistent=False)
+        self._keep_script_frequencies(self.config)
 
     def forward(self, seq_len: int, device: Optional[torch.device] = None) -> torch.Tensor:
         device = self.inv_freq.device if device is None else device
         t = torch.arange(seq_len, device=device)
-        freqs = rope_angles(t, self.config.inv_freq_on(device))
+        if torch.jit.is_scripting():  # rope_angles, with the frequencies TorchScript can read
+            freqs = t.to(torch.float64)[:, None] * self._script_inv_freq.to(device)
+        else:
+            freqs = rope_angles(t, self.config.inv_freq_on(device))
         return torch.cat((freqs, freqs), dim=-1).to(torch.float32)
 
     @staticmethod
@@ -222,16 +232,18 @@ class RoPEPositionalEncoding(nn.Module):
     def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """``x * cos + rotate_half(x) * sin`` with broadcasting, as in the seed (x ``[..., seq, dim]``,
         cos/sin ``[seq, dim]``). Runs as one fused kernel when the shapes allow (x ``[B,H,S,D]`` or
-        ``[B,S,D]``, cos/sin ``[S,D]`` or ``[B,S,D]``), else as the plain formula."""
-        if (proxy := _fx.proxy_in(x, cos, sin)) is not None:  # the choice needs real shapes
-            return _fx.record_call(proxy, RoPEPositionalEncoding.apply_rotary_emb, x, cos, sin)
-        if _fused_cos_sin_ok(x, cos, sin):
-            x4 = x if x.dim() == 4 else x.unsqueeze(1)
-            if x4.stride(-1) != 1:
-                x4 = x4.contiguous()
-            empty_k = x4.new_empty((x4.shape[0], 0, x4.shape[2], x4.shape[3]))
-            out, _ = ops.apply_rotary_pos_emb(x4, empty_k, cos, sin, unsqueeze_dim=1)
-            return out if x.dim() == 4 else out.squeeze(1)
+        ``[B,S,D]``, cos/sin ``[S,D]`` or ``[B,S,D]``), else (and in TorchScript) as the plain formula."""
+        if not torch.jit.is_scripting():
+            proxy = _fx.proxy_in(x, cos, sin)
+            if proxy is not None:  # the choice needs real shapes
+                return _fx.record_call(proxy, RoPEPositionalEncoding.apply_rotary_emb, x, cos, sin)
+            if _fused_cos_sin_ok(x, cos, sin):
+                x4 = x if x.dim() == 4 else x.unsqueeze(1)
+                if x4.stride(-1) != 1:
+                    x4 = x4.contiguous()
+                empty_k = x4.new_empty((x4.shape[0], 0, x4.shape[2], x4.shape[3]))
+                out, _ = ops.apply_rotary_pos_emb(x4, empty_k, cos, sin, unsqueeze_dim=1)
+                return out if x.dim() == 4 else out.squeeze(1)
         return x * cos + rotate_half(x) * sin
 
     def rotate(self, q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None,
@@ -241,7 +253,7 @@ class RoPEPositionalEncoding(nn.Module):
         return _rotate_by(self.config, 1.0, q, k, positions, layout, offset)
 
 
-class YaRNPositionalEncoding(nn.Module):
+class YaRNPositionalEncoding(_ScriptFrequencies):
     """YaRN rotary embedding with the seed article's constructor.
 
     ``scaling_factor`` is YaRN's ``factor`` (context extension ``s``), ``original_max_position_embeddings``
@@ -280,11 +292,17 @@ class YaRNPositionalEncoding(nn.Module):
         self.mscale = self.attention_factor  # the name some YaRN code uses for it
         # the seed's float32 buffer, for code that reads it; the kernels use the config's float64 cache
         self.register_buffer("inv_freq", self.config.inv_freq().to(torch.float32), persistent=False)
+        self._keep_script_frequencies(self.config)
+        self.interleaved = interleaved
 
-    def forward(self, seq_len: int, device: Optional[torch.device] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, seq_len: int, device: Optional[torch.device] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         device = self.inv_freq.device if device is None else device
-        angles = rope_angles(torch.arange(seq_len, device=device), self.config.inv_freq_on(device))
-        return cos_sin_from_angles(angles, self.attention_factor, self.config.interleaved, torch.float32)
+        t = torch.arange(seq_len, device=device)
+        if torch.jit.is_scripting():  # rope_angles, with the frequencies TorchScript can read
+            angles = t.to(torch.float64)[:, None] * self._script_inv_freq.to(device)
+        else:
+            angles = rope_angles(t, self.config.inv_freq_on(device))
+        return cos_sin_from_angles(angles, self.attention_factor, self.interleaved, torch.float32)
 
     rotate_half = staticmethod(rotate_half)
     apply_rotary_emb = staticmethod(RoPEPositionalEncoding.apply_rotary_emb)

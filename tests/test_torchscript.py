@@ -1,7 +1,8 @@
 """TorchScript: modules that call torch.ops.posenc.* script, save, and load in a fresh process.
 
-TorchScript cannot call the Python wrappers (posenc_native.apply_rope, ...), so scripted code calls
-the raw ops with every schema argument spelled out. A saved module needs the op library loaded
+TorchScript cannot call the Python wrappers (posenc_native.apply_rope, ...), so scripted code of a
+user's own calls the raw ops with every schema argument spelled out; the library's modules script as
+they are (their forward's TorchScript branch calls the ops). A saved module needs the op library loaded
 before torch.jit.load: `import posenc_native` in Python, or only torch.ops.load_library(path) (the
 ops need no Python), or linking the library in C++ (examples/cpp).
 """

@@ -146,6 +146,7 @@ def test_torchscript_and_cpp_api_match_python(example_binary, tmp_path):
     outputs = _compare(tmp_path)
     assert "script.rope_inplace_q" in outputs and "api.rope_q" in outputs
     assert "script.t5_bias" in outputs and "api.t5_bias" in outputs and "api.alibi_bias" in outputs
+    assert "script.module_rope_q" in outputs and "script.module_encoded" in outputs  # the library's modules
 
 
 def test_aoti_package_runs_in_cpp(example_binary, tmp_path):

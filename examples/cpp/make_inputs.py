@@ -36,7 +36,8 @@ def default_inv_freq(dim: int, base: float = 10000.0) -> torch.Tensor:
 
 
 class PosencDemo(nn.Module):
-    """Every posenc op through torch.ops (TorchScript cannot call the Python wrappers)."""
+    """Every posenc op through torch.ops (TorchScript cannot call the Python functions), and the
+    library's modules, which script as they are."""
 
     def __init__(self, d_model: int, head_dim: int) -> None:
         super().__init__()
@@ -45,6 +46,10 @@ class PosencDemo(nn.Module):
         self.register_buffer("inv_freq", default_inv_freq(head_dim))
         self.register_buffer("t5_weight", torch.randn(32, HEADS, generator=torch.Generator().manual_seed(3)))
         self.register_buffer("slopes", posenc_native.alibi_slopes(HEADS))
+        yarn = posenc_native.RopeConfig(head_dim=head_dim, scaling={"rope_type": "yarn", "factor": 4.0,
+                                                                    "original_max_position_embeddings": 1024})
+        self.rotary = posenc_native.RotaryEmbedding(yarn)
+        self.encoding = posenc_native.SinusoidalPositionalEncoding(d_model, max_len=64)
 
     def forward(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
                 cos: torch.Tensor, sin: torch.Tensor) -> Dict[str, torch.Tensor]:
@@ -68,6 +73,12 @@ class PosencDemo(nn.Module):
         s = x.shape[1]
         out["t5_bias"] = torch.ops.posenc.relative_position_bias(self.t5_weight, s, s, True, 32, 128, 0)
         out["alibi_bias"] = torch.ops.posenc.alibi_bias(self.slopes, s, s, 0, None)
+        # The library's modules: YaRN RoPE, and the sinusoidal encoding at offset 5.
+        mq, mk = self.rotary(q, k, positions)
+        assert mk is not None
+        out["module_rope_q"] = mq
+        out["module_rope_k"] = mk
+        out["module_encoded"] = self.encoding(x, 5)
         return out
 
 

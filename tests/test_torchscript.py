@@ -358,3 +358,28 @@ def test_seed_article_modules_script(model_cls):
         assert torch.equal(got, want)
     want, _ = reference.apply_rope(q.double(), None, None, model.rope.config, layout="bhsd")
     torch.testing.assert_close(scripted(q).double(), want, rtol=0, atol=5e-6)
+
+
+def test_scripted_frequencies_survive_meta_init_and_dtype_casts():
+    """The float64 frequencies a scripted module reads are rebuilt from the config whenever the module
+    moves: built under a meta device and materialized with to_empty (as large models are), or cast
+    with .half(), the scripted module still computes what the eager one does."""
+    cfg = posenc_native.RopeConfig(head_dim=HEAD_DIM, scaling=YARN)
+    with torch.device("meta"):
+        meta_built = posenc_native.RotaryEmbedding(cfg)
+    modules = {"to_empty": meta_built.to_empty(device="cpu"),
+               "half": posenc_native.RotaryEmbedding(cfg).half(),
+               "seed yarn, half": posenc_native.YaRNPositionalEncoding(HEAD_DIM, original_max_position_embeddings=16,
+                                                                       scaling_factor=4.0).half()}
+    g = torch.Generator().manual_seed(30)
+    q, k = torch.randn(2, SEQ, HEADS, HEAD_DIM, generator=g), torch.randn(2, SEQ, KV_HEADS, HEAD_DIM, generator=g)
+    pos = torch.randint(0, 5000, (SEQ,), generator=g)
+    for name, module in modules.items():
+        assert module._script_inv_freq.dtype == torch.float64, name
+        scripted = torch.jit.script(module)
+        if isinstance(module, posenc_native.RotaryEmbedding):
+            for got, want in zip(scripted(q, k, pos), module(q, k, pos)):
+                assert torch.equal(got, want), name
+        else:
+            for got, want in zip(scripted(SEQ), module(SEQ)):
+                assert torch.equal(got, want), name

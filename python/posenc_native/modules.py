@@ -74,19 +74,24 @@ class LearnablePositionalEncoding(nn.Module):
 
 class _ScriptFrequencies(nn.Module):
     """A module whose TorchScript forward reads its config's frequencies (TorchScript cannot call
-    the config's cache) from the float64 buffer ``_script_inv_freq``, ``config.op_inv_freq()``:
-    ``.to(device)`` moves it, and ``_apply`` keeps it float64 through ``.half()`` / ``.to(dtype)``,
-    so that the scripted module computes what the eager one does."""
+    the config's cache) from the float64 buffer ``_script_inv_freq``, ``config.op_inv_freq()``. The
+    buffer is rebuilt from ``self.config`` after every ``_apply``: ``.to(device)`` moves it,
+    ``.half()`` / ``.to(dtype)`` cannot round it, and ``to_empty()`` after a meta-device construction
+    refills it, so that the scripted module computes what the eager one does."""
 
-    def _keep_script_frequencies(self, config: RopeConfig) -> None:
-        freqs = torch.empty(0, dtype=torch.float64) if config.needs_seq_len else config.op_inv_freq()
-        self.register_buffer("_script_inv_freq", freqs, persistent=False)  # (none: its frequencies vary)
+    def _script_frequencies(self) -> torch.Tensor:
+        with torch.device("cpu"):  # (also under a meta-device context: computed, then moved)
+            cfg = self.config
+            return torch.empty(0, dtype=torch.float64) if cfg.needs_seq_len else cfg.op_inv_freq()
+
+    def _keep_script_frequencies(self) -> None:  # (none for a config whose frequencies vary with the length)
+        self.register_buffer("_script_inv_freq", self._script_frequencies(), persistent=False)
 
     def _apply(self, fn, recurse=True):
-        freqs = self._script_inv_freq
         super()._apply(fn, recurse)
-        if self._script_inv_freq.dtype != torch.float64:
-            self._script_inv_freq = freqs.to(self._script_inv_freq.device)
+        device = self._script_inv_freq.device
+        if device.type != "meta":
+            self._script_inv_freq = self._script_frequencies().to(device)
         return self
 
 
@@ -108,7 +113,7 @@ class RotaryEmbedding(_ScriptFrequencies):
         # What forward compiled by TorchScript reads (it cannot call the Python API): the op's
         # arguments from the config (a config whose frequencies depend on the sequence length does not script)
         self._script_static = not config.needs_seq_len
-        self._keep_script_frequencies(config)
+        self._keep_script_frequencies()
         self._script_attention_factor = float(config.attention_factor)
         self._script_interleaved = bool(config.interleaved)
         self._script_head_dim = int(config.head_dim)
@@ -212,7 +217,7 @@ class RoPEPositionalEncoding(_ScriptFrequencies):
         self.config = RopeConfig(head_dim=dim, base=base)
         # the seed's float32 buffer, for code that reads it; the kernels use the config's float64 cache
         self.register_buffer("inv_freq", self.config.inv_freq().to(torch.float32), persistent=False)
-        self._keep_script_frequencies(self.config)
+        self._keep_script_frequencies()
 
     def forward(self, seq_len: int, device: Optional[torch.device] = None) -> torch.Tensor:
         device = self.inv_freq.device if device is None else device
@@ -292,7 +297,7 @@ class YaRNPositionalEncoding(_ScriptFrequencies):
         self.mscale = self.attention_factor  # the name some YaRN code uses for it
         # the seed's float32 buffer, for code that reads it; the kernels use the config's float64 cache
         self.register_buffer("inv_freq", self.config.inv_freq().to(torch.float32), persistent=False)
-        self._keep_script_frequencies(self.config)
+        self._keep_script_frequencies()
         self.interleaved = interleaved
 
     def forward(self, seq_len: int, device: Optional[torch.device] = None) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -66,8 +66,7 @@ def traced_int(name: str, value: torch.Tensor) -> int:
     ``x.shape[1]``), as the int it holds. A trace passes ints to custom ops as constants (torch
     records no data flow into an op's int argument), so the traced graph keeps this value: said
     in a TracerWarning naming the argument, rather than silently."""
-    with untraced():  # (torch's own warning for the conversion would not name the argument)
-        constant = int(value)
+    constant = static_int(value)  # (read untraced: torch's own warning would not name the argument)
     warn_trace_keeps(f"{name}={constant}", f"{name} is an int read from a traced tensor (such as x.shape[1]), and "
                      "torch.jit.trace passes ints to custom ops as constants. Pass positions as a tensor where the "
                      "call takes them")

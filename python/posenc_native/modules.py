@@ -94,6 +94,15 @@ class _ScriptFrequencies(nn.Module):
             self._script_inv_freq = self._script_frequencies().to(device)
         return self
 
+    def _angles(self, seq_len: int, device: torch.device) -> torch.Tensor:
+        """``[seq_len, pairs]`` float64 angles of positions ``0 .. seq_len - 1`` (``rope_angles``;
+        in TorchScript from the buffer, which holds the same frequencies)."""
+        t = torch.arange(seq_len, device=device)
+        if torch.jit.is_scripting():
+            return t.to(torch.float64)[:, None] * self._script_inv_freq.to(device)
+        else:
+            return rope_angles(t, self.config.inv_freq_on(device))
+
 
 class RotaryEmbedding(_ScriptFrequencies):
     """Fused RoPE for a :class:`RopeConfig`: ``forward(q, k, positions) -> (q, k)``.
@@ -111,8 +120,7 @@ class RotaryEmbedding(_ScriptFrequencies):
         self.config = config
         self.layout = layout
         # What forward compiled by TorchScript reads (it cannot call the Python API): the op's
-        # arguments from the config (a config whose frequencies depend on the sequence length does not script)
-        self._script_static = not config.needs_seq_len
+        # arguments from the config (no frequencies for one that depends on the sequence length: it does not script)
         self._keep_script_frequencies()
         self._script_attention_factor = float(config.attention_factor)
         self._script_interleaved = bool(config.interleaved)
@@ -146,7 +154,7 @@ class RotaryEmbedding(_ScriptFrequencies):
                        offset: int, cu_seqlens: Optional[torch.Tensor]) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """forward as TorchScript runs it: torch.ops.posenc.rope with the config's arguments (the op
         checks the rest, as on the Python path)."""
-        if not self._script_static:
+        if self._script_inv_freq.numel() == 0:  # (a config's frequencies are never empty)
             raise RuntimeError(f"RotaryEmbedding: {self._script_rope_type} frequencies depend on the sequence "
                                "length, which TorchScript code cannot compute; use torch.compile or torch.export")
         if q.dim() == 0 or q.size(-1) != self._script_head_dim:
@@ -220,12 +228,7 @@ class RoPEPositionalEncoding(_ScriptFrequencies):
         self._keep_script_frequencies()
 
     def forward(self, seq_len: int, device: Optional[torch.device] = None) -> torch.Tensor:
-        device = self.inv_freq.device if device is None else device
-        t = torch.arange(seq_len, device=device)
-        if torch.jit.is_scripting():  # rope_angles, with the frequencies TorchScript can read
-            freqs = t.to(torch.float64)[:, None] * self._script_inv_freq.to(device)
-        else:
-            freqs = rope_angles(t, self.config.inv_freq_on(device))
+        freqs = self._angles(seq_len, self.inv_freq.device if device is None else device)
         return torch.cat((freqs, freqs), dim=-1).to(torch.float32)
 
     @staticmethod
@@ -301,12 +304,7 @@ class YaRNPositionalEncoding(_ScriptFrequencies):
         self.interleaved = interleaved
 
     def forward(self, seq_len: int, device: Optional[torch.device] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-        device = self.inv_freq.device if device is None else device
-        t = torch.arange(seq_len, device=device)
-        if torch.jit.is_scripting():  # rope_angles, with the frequencies TorchScript can read
-            angles = t.to(torch.float64)[:, None] * self._script_inv_freq.to(device)
-        else:
-            angles = rope_angles(t, self.config.inv_freq_on(device))
+        angles = self._angles(seq_len, self.inv_freq.device if device is None else device)
         return cos_sin_from_angles(angles, self.attention_factor, self.interleaved, torch.float32)
 
     rotate_half = staticmethod(rotate_half)

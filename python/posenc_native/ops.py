@@ -255,10 +255,9 @@ _AXIS_MASKS: dict = {}
 
 def _cached_axis_mask(section: tuple, interleaved: bool, device: torch.device) -> torch.Tensor:
     global _AXIS_MASKS
-    if torch.compiler.is_compiling():  # a constant of the compiled graph; the cache serves eager calls
-        return axis_mask(mrope_pair_axes(section, interleaved), len(section), device)
     key = (section, interleaved, device)
-    plain = plain_context()
+    # (compiled code makes the mask a graph constant: dynamo cannot trace plain_context's queries)
+    plain = not torch.compiler.is_compiling() and plain_context()
     mask = _AXIS_MASKS.get(key) if plain else None
     if mask is None:
         with untraced():  # a constant of a jit trace, as RopeConfig's frequencies

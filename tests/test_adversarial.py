@@ -152,6 +152,52 @@ def test_expanded_output_rejected_in_place_but_fine_out_of_place(device):
         pn.apply_rope_(buf.as_strided((1, 6, 1, 8), (48, 4, 8, 1)), inv_freq=inv)
 
 
+
+def _empty_strided_operands(device):
+    """q or k with no elements whose last dim is not contiguous: a GQA k of 0 heads made by slicing or
+    broadcasting, the .imag of an empty complex tensor. torch counts them contiguous whatever their
+    strides (once, the op recursed forever making one of them row-major: a stack overflow)."""
+    return {
+        "sliced": torch.randn(1, 4, 0, 16, device=device)[..., ::2],
+        "expanded": torch.randn(1, 4, 1, 1, device=device).expand(1, 4, 0, 8),
+        "imag": torch.randn(1, 4, 0, 8, dtype=torch.complex64, device=device).imag,
+    }
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["sliced", "expanded", "imag"])
+@pytest.mark.parametrize("which", ["q", "k"])
+@pytest.mark.parametrize("form", ["apply_rope", "apply_rope_", "cos_sin", "backward"])
+def test_empty_operand_with_any_strides(device, kind, which, form):
+    empty = _empty_strided_operands(device)[kind]
+    full = torch.randn(1, 4, 3, 8, device=device)
+    q, k = (empty, full) if which == "q" else (full, empty)
+    inv = inv_freq(8).to(device)
+    ref_q, ref_k = reference.apply_rope(q.cpu(), k.cpu(), inv_freq=inv.cpu())
+    if form == "apply_rope_":
+        q, k = q.clone() if which == "k" else q, k.clone() if which == "q" else k
+        out_q, out_k = pn.apply_rope_(q, k, inv_freq=inv)
+        assert out_q is q and out_k is k
+    elif form == "cos_sin":
+        cos, sin = reference.rope_tables(torch.arange(4), pn.RopeConfig(head_dim=8))
+        ref_q, ref_k = reference.apply_rope(q.cpu(), k.cpu(), config=pn.RopeConfig(head_dim=8))
+        out_q, out_k = pn.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos[None].float().to(device),
+                                               sin[None].float().to(device))
+        out_q, out_k = out_q.transpose(1, 2), out_k.transpose(1, 2)
+    else:
+        if form == "backward":
+            q, k = q.detach().requires_grad_(), k.detach().requires_grad_()
+        out_q, out_k = pn.apply_rope(q, k, inv_freq=inv)
+        if form == "backward":
+            (out_q.sum() + out_k.sum()).backward()
+            assert q.grad.shape == q.shape and k.grad.shape == k.shape
+            g = k.grad if which == "q" else q.grad  # the gradient of the non-empty one: the inverse rotation of ones
+            ones = torch.ones_like(full, dtype=torch.float64).cpu()
+            g_ref = reference.apply_rope(ones, inv_freq=-inv.cpu())[0]
+            assert rel_err(g, g_ref) <= 1e-6
+    assert out_q.shape == q.shape and out_k.shape == k.shape
+    assert rel_err(out_q.detach(), ref_q) <= 1e-6 and rel_err(out_k.detach(), ref_k) <= 1e-6
+
 def _aliased_inputs(device):
     """q/k carved from one float64 buffer, and inputs that are views of the same memory."""
     buf = torch.randn(512, dtype=torch.float64, device=device)

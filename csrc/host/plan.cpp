@@ -244,11 +244,17 @@ namespace {
 // by rotating a row-major copy; the in-place ops refuse such a q or k (as_bshd names it).
 bool rows_contiguous(const Tensor& t) { return t.dim() == 0 || t.stride(-1) == 1; }
 
+// A row-major copy of t. Not contiguous() alone: torch counts a tensor with no elements as contiguous
+// whatever its strides and returns it as is, which would leave its rows "not contiguous" forever.
+Tensor row_major(const Tensor& t) {
+  return t.numel() == 0 ? empty(t.sizes(), dtype_of(t), t) : torch::stable::contiguous(t);
+}
+
 template <typename Args>
 Args with_contiguous_rows(const Args& a) {
   Args b = a;
-  if (!rows_contiguous(b.q)) b.q = torch::stable::contiguous(b.q);
-  if (!rows_contiguous(b.k)) b.k = torch::stable::contiguous(b.k);
+  if (!rows_contiguous(b.q)) b.q = row_major(b.q);
+  if (!rows_contiguous(b.k)) b.k = row_major(b.k);
   return b;
 }
 
@@ -281,7 +287,8 @@ BSHD as_bshd(const char* op, const Tensor& t, const char* name, std::string_view
   } else {
     v = {1, size[0], size[1], size[2], 0, stride[0], stride[1]};
   }
-  POSENC_CHECK(stride[dims - 1] == 1 || size[dims - 1] <= 1, op, ": ", name,
+  // (with no elements there is no row to read or write: any strides will do, as for torch's own ops)
+  POSENC_CHECK(stride[dims - 1] == 1 || size[dims - 1] <= 1 || t.numel() == 0, op, ": ", name,
                " must have a contiguous last dimension (stride 1), got strides ", Dims{stride});
   return v;
 }

@@ -330,6 +330,33 @@ def test_alibi_module():
     assert m(5, 9, dtype=torch.bfloat16).dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("move", ["meta, to_empty", "half", "bfloat16", "double"])
+def test_alibi_module_slopes_stay_exact_through_every_move(move):
+    """The slopes are a function of num_heads: built on the meta device and materialized with
+    to_empty (nothing refills a non-persistent buffer), or cast, the module holds the exact float32
+    slopes; a cast sets the default output dtype, each bias the exact product rounded to float32,
+    then to that dtype (not the product of slopes rounded to 16 bits: up to 0.23 off at distance 3000)."""
+    heads, lq, lk, offset = 12, 3, 3000, 17
+    if move == "meta, to_empty":
+        with torch.device("meta"):
+            m = pn.ALiBi(heads)
+        assert m.slopes.is_meta
+        m, dtype = m.to_empty(device="cpu"), torch.float32
+    else:
+        dtype = {"half": torch.float16, "bfloat16": torch.bfloat16, "double": torch.float64}[move]
+        m = pn.ALiBi(heads).to(dtype)
+    truth = reference.alibi_bias(reference.alibi_slopes(heads), lq, lk, query_offset=offset)
+    assert m.slopes.dtype == torch.float32
+    assert torch.equal(m.slopes.double(), reference.alibi_slopes(heads).float().double())
+    out = m(lq, lk, offset)
+    assert out.dtype == dtype and m.output_dtype == dtype
+    # the exact product of the float32 slopes (float64 holds it), rounded once to float32, then to the half type
+    exact = reference.alibi_bias(reference.alibi_slopes(heads).float().double(), lq, lk, query_offset=offset)
+    assert torch.equal(out, exact if dtype == torch.float64 else exact.float().to(dtype))
+    torch.testing.assert_close(m(lq, lk, offset, dtype=torch.float32).double(), truth, rtol=1e-7, atol=1e-6)
+    assert torch.equal(torch.jit.script(m)(lq, lk, offset), out)
+
+
 # ------------------------------------------------------------------------------------------------
 # FlexAttention score mods
 

@@ -194,3 +194,48 @@ def test_rotary_embedding_from_hf_presets_match_reference(preset, layer_type):
         oq, ok = rot(q, k, pos)
         rq, rk = reference.apply_rope(q.double(), k.double(), pos, cfg)
         assert _rel(oq, rq) <= 1e-5 and _rel(ok, rk) <= 1e-5
+
+
+def _seed_modules():
+    return {"sinusoidal": lambda: posenc_native.SinusoidalPositionalEncoding(24, max_len=300),
+            "rope": lambda: RoPEPositionalEncoding(32, base=500.0),
+            "yarn": lambda: YaRNPositionalEncoding(32, original_max_position_embeddings=64, scaling_factor=8.0)}
+
+
+def _seed_buffer_truth(name: str, module) -> dict[str, torch.Tensor]:
+    """The documented float32 buffers, from the float64 reference (and the seed's formula)."""
+    if name == "sinusoidal":
+        return {"pe": reference.sinusoidal_table(300, 24)[None]}
+    inv = 1.0 / (500.0 ** (torch.arange(0, 32, 2, dtype=torch.float64) / 32)) if name == "rope" else None
+    if name == "yarn":  # YaRN's frequencies: the angles of position 1 in the reference's tables
+        inv = torch.atan2(*reversed(reference.rope_tables(torch.tensor([1]), module.config)))[0, :16]
+    return {"inv_freq": inv}
+
+
+@pytest.mark.parametrize("name", ["sinusoidal", "rope", "yarn"])
+@pytest.mark.parametrize("move", ["meta, to_empty", "half", "bfloat16", "double"])
+def test_seed_buffers_keep_their_values_through_every_move(name, move):
+    """The seed classes' buffers (``pe``, ``inv_freq``) are functions of the constructor's arguments:
+    a module built on the meta device and materialized with ``to_empty`` (nothing refills a
+    non-persistent buffer) or cast to another dtype holds them exact and in float32, as documented."""
+    if move == "meta, to_empty":
+        with torch.device("meta"):
+            module = _seed_modules()[name]()
+        assert all(b.is_meta for b in module.buffers())
+        module = module.to_empty(device="cpu")
+    else:
+        module = _seed_modules()[name]().to({"half": torch.float16, "bfloat16": torch.bfloat16,
+                                             "double": torch.float64}[move])
+    for buffer, truth in _seed_buffer_truth(name, module).items():
+        got = getattr(module, buffer)
+        assert got.dtype == torch.float32, buffer
+        torch.testing.assert_close(got.double(), truth, rtol=2e-7, atol=1e-7)
+    if name != "sinusoidal":  # and what forward computes from the frequencies
+        angles = module(7) if name == "rope" else None
+        if angles is not None:
+            torch.testing.assert_close(angles.double(), _seed_angles(7, 32, 500.0), rtol=0, atol=2e-6)
+        else:
+            rc, rs = reference.rope_tables(7, module.config)
+            cos, sin = module(7)
+            torch.testing.assert_close(cos.double(), rc, rtol=0, atol=2e-6)
+            torch.testing.assert_close(sin.double(), rs, rtol=0, atol=2e-6)

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from . import bias as _bias
+from ._derived_buffers import DerivedBuffers
 
 __all__ = ["T5RelativePositionBias", "ALiBi"]
 
@@ -63,22 +64,34 @@ class T5RelativePositionBias(nn.Module):
                                                        self.num_buckets, self.max_distance, query_offset)
 
 
-class ALiBi(nn.Module):
+class ALiBi(DerivedBuffers):
     """ALiBi (Press et al.): ``forward(query_length, key_length, query_offset=0, dtype=None)`` returns
     ``bias[0, h, i, j] = slopes[h] * (j - (i + query_offset))``, ``[1, num_heads, Lq, Lk]``, to add to
-    causal attention scores. ``slopes`` is a float32 buffer (:func:`posenc_native.alibi_slopes`);
-    the output has ``dtype`` (default float32)."""
+    causal attention scores. ``slopes`` is a float32 buffer (:func:`posenc_native.alibi_slopes`),
+    recomputed on every move: ``.half()`` does not round it, and a module built on the meta device
+    holds the true slopes after ``to_empty()``. The output has ``dtype``, by default
+    ``output_dtype``: float32, or what a cast of the module asked for (``.to(torch.bfloat16)``:
+    bfloat16 biases, each the exact product rounded once to float32, then to bfloat16)."""
 
     def __init__(self, num_heads: int) -> None:
         super().__init__()
         self.num_heads = int(num_heads)
-        self.register_buffer("slopes", _bias.alibi_slopes(num_heads), persistent=False)
+        self.output_dtype = torch.float32
+        self._register_derived_buffers()
+
+    def _derived_buffers(self) -> dict[str, torch.Tensor]:
+        return {"slopes": _bias.alibi_slopes(self.num_heads)}
+
+    def _moved(self, dtypes: dict[str, torch.dtype]) -> None:
+        self.output_dtype = dtypes["slopes"]
 
     def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}"
+        return f"num_heads={self.num_heads}" + ("" if self.output_dtype == torch.float32 else f", output_dtype={self.output_dtype}")
 
     def forward(self, query_length: int, key_length: int, query_offset: int = 0,
                 dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        if dtype is None:
+            dtype = self.output_dtype
         if not torch.jit.is_scripting():  # eager: the function, its checks and torch.func/forward-AD rules
             return _bias.alibi_bias(self.slopes, query_length, key_length, query_offset=query_offset, dtype=dtype)
         return torch.ops.posenc.alibi_bias(self.slopes, query_length, key_length, query_offset, dtype)

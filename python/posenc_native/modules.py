@@ -9,6 +9,7 @@ from torch import nn
 
 from . import _fx, ops
 from ._contexts import static_int, tracing, untraced
+from ._derived_buffers import DerivedBuffers
 from ._rope_math import cos_sin_from_angles, rope_angles, rotate_half
 from .config import RopeConfig, YarnScaling
 
@@ -16,11 +17,11 @@ __all__ = ["SinusoidalPositionalEncoding", "LearnablePositionalEncoding", "Rotar
            "RoPEPositionalEncoding", "YaRNPositionalEncoding"]
 
 
-class SinusoidalPositionalEncoding(nn.Module):
+class SinusoidalPositionalEncoding(DerivedBuffers):
     """Fixed sinusoidal encodings added to ``x [batch, seq, d_model]`` (Vaswani et al.).
 
-    Keeps the seed articles' ``pe`` buffer ``[1, max_len, d_model]`` (float32, interleaved sin/cos)
-    for code that reads it, but ``forward`` adds the encoding with the fused native op, which
+    Keeps the seed articles' ``pe`` buffer ``[1, max_len, d_model]`` (float32, interleaved sin/cos,
+    recomputed on every move: a dtype cast cannot round it) for code that reads it, but ``forward`` adds the encoding with the fused native op, which
     computes it on the fly: sequences longer than ``max_len`` work too.
     """
 
@@ -28,7 +29,10 @@ class SinusoidalPositionalEncoding(nn.Module):
         super().__init__()
         self.d_model = d_model
         self.max_len = max_len
-        self.register_buffer("pe", ops.sinusoidal_table(max_len, d_model).unsqueeze(0), persistent=False)
+        self._register_derived_buffers()
+
+    def _derived_buffers(self) -> dict[str, torch.Tensor]:
+        return {"pe": ops.sinusoidal_table(self.max_len, self.d_model).unsqueeze(0)}
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         if torch.jit.is_scripting():  # TorchScript: the op itself, as ops.add_sinusoidal calls it
@@ -72,36 +76,15 @@ class LearnablePositionalEncoding(nn.Module):
         return x + self.position_embeddings(positions).to(x.dtype)
 
 
-class _ScriptFrequencies(nn.Module):
+class _ScriptFrequencies(DerivedBuffers):
     """A module whose TorchScript forward reads its config's frequencies (TorchScript cannot call
-    the config's cache) from the float64 buffer ``_script_inv_freq``, ``config.op_inv_freq()``. The
-    buffer is rebuilt from ``self.config`` after every ``_apply``: ``.to(device)`` moves it,
-    ``.half()`` / ``.to(dtype)`` cannot round it, and ``to_empty()`` after a meta-device construction
-    refills it, so that the scripted module computes what the eager one does."""
+    the config's cache) from the float64 buffer ``_script_inv_freq``, ``config.op_inv_freq()``:
+    rebuilt from ``self.config`` after every move (:class:`DerivedBuffers`), so that the scripted
+    module computes what the eager one does, after ``.half()`` or a meta-device ``to_empty()`` too."""
 
-    def _script_frequencies(self) -> torch.Tensor:
-        with torch.device("cpu"):  # (also under a meta-device context: computed, then moved)
-            cfg = self.config
-            return torch.empty(0, dtype=torch.float64) if cfg.needs_seq_len else cfg.op_inv_freq()
-
-    def _keep_script_frequencies(self) -> None:  # (none for a config whose frequencies vary with the length)
-        self.register_buffer("_script_inv_freq", self._script_frequencies(), persistent=False)
-
-    def _apply(self, fn, recurse=True):
-        super()._apply(fn, recurse)
-        device = self._script_inv_freq.device
-        if device.type != "meta":
-            self._script_inv_freq = self._script_frequencies().to(device)
-        return self
-
-    def _angles(self, seq_len: int, device: torch.device) -> torch.Tensor:
-        """``[seq_len, pairs]`` float64 angles of positions ``0 .. seq_len - 1`` (``rope_angles``;
-        in TorchScript from the buffer, which holds the same frequencies)."""
-        t = torch.arange(seq_len, device=device)
-        if torch.jit.is_scripting():
-            return t.to(torch.float64)[:, None] * self._script_inv_freq.to(device)
-        else:
-            return rope_angles(t, self.config.inv_freq_on(device))
+    def _derived_buffers(self) -> dict[str, torch.Tensor]:
+        cfg = self.config  # (none for a config whose frequencies vary with the length)
+        return {"_script_inv_freq": torch.empty(0, dtype=torch.float64) if cfg.needs_seq_len else cfg.op_inv_freq()}
 
 
 class RotaryEmbedding(_ScriptFrequencies):
@@ -121,7 +104,7 @@ class RotaryEmbedding(_ScriptFrequencies):
         self.layout = layout
         # What forward compiled by TorchScript reads (it cannot call the Python API): the op's
         # arguments from the config (no frequencies for one that depends on the sequence length: it does not script)
-        self._keep_script_frequencies()
+        self._register_derived_buffers()
         self._script_attention_factor = float(config.attention_factor)
         self._script_interleaved = bool(config.interleaved)
         self._script_head_dim = int(config.head_dim)
@@ -207,7 +190,24 @@ def _fused_cos_sin_ok(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
     return torch.promote_types(x.dtype, cos.dtype) == x.dtype and torch.promote_types(x.dtype, sin.dtype) == x.dtype
 
 
-class RoPEPositionalEncoding(_ScriptFrequencies):
+class _SeedRotary(_ScriptFrequencies):
+    """The seed articles' rotary classes: also the seed's float32 ``inv_freq`` buffer, for code that
+    reads it (the kernels use the config's float64 cache)."""
+
+    def _derived_buffers(self) -> dict[str, torch.Tensor]:
+        return {"inv_freq": self.config.inv_freq().to(torch.float32), **super()._derived_buffers()}
+
+    def _angles(self, seq_len: int, device: torch.device) -> torch.Tensor:
+        """``[seq_len, pairs]`` float64 angles of positions ``0 .. seq_len - 1`` (``rope_angles``;
+        in TorchScript from the buffer, which holds the same frequencies)."""
+        t = torch.arange(seq_len, device=device)
+        if torch.jit.is_scripting():
+            return t.to(torch.float64)[:, None] * self._script_inv_freq.to(device)
+        else:
+            return rope_angles(t, self.config.inv_freq_on(device))
+
+
+class RoPEPositionalEncoding(_SeedRotary):
     """Rotary position embedding, with the seed article's interface (half-split pairs, GPT-NeoX/Llama).
 
     ``forward(seq_len, device=None)`` returns the ``[seq_len, dim]`` angle matrix
@@ -223,9 +223,7 @@ class RoPEPositionalEncoding(_ScriptFrequencies):
         self.dim = dim
         self.base = base
         self.config = RopeConfig(head_dim=dim, base=base)
-        # the seed's float32 buffer, for code that reads it; the kernels use the config's float64 cache
-        self.register_buffer("inv_freq", self.config.inv_freq().to(torch.float32), persistent=False)
-        self._keep_script_frequencies()
+        self._register_derived_buffers()
 
     def forward(self, seq_len: int, device: Optional[torch.device] = None) -> torch.Tensor:
         freqs = self._angles(seq_len, self.inv_freq.device if device is None else device)
@@ -261,7 +259,7 @@ class RoPEPositionalEncoding(_ScriptFrequencies):
         return _rotate_by(self.config, 1.0, q, k, positions, layout, offset)
 
 
-class YaRNPositionalEncoding(_ScriptFrequencies):
+class YaRNPositionalEncoding(_SeedRotary):
     """YaRN rotary embedding with the seed article's constructor.
 
     ``scaling_factor`` is YaRN's ``factor`` (context extension ``s``), ``original_max_position_embeddings``
@@ -298,9 +296,7 @@ class YaRNPositionalEncoding(_ScriptFrequencies):
                                 truncate=truncate))
         self.attention_factor = self.config.attention_factor
         self.mscale = self.attention_factor  # the name some YaRN code uses for it
-        # the seed's float32 buffer, for code that reads it; the kernels use the config's float64 cache
-        self.register_buffer("inv_freq", self.config.inv_freq().to(torch.float32), persistent=False)
-        self._keep_script_frequencies()
+        self._register_derived_buffers()
         self.interleaved = interleaved
 
     def forward(self, seq_len: int, device: Optional[torch.device] = None) -> Tuple[torch.Tensor, torch.Tensor]:

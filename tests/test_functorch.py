@@ -262,3 +262,35 @@ def test_in_place_rope_under_vmap_and_grad():
     w = _randn(B, S, H, D, seed=37)
     got = torch.func.grad(lambda a: (rotate(a * 1.0, k[0])[0] * w).sum())(q[0])
     _check(got, _reference_grad(lambda x: reference.apply_rope(x, None, pos, cfg)[0], q[0], w))
+
+
+@pytest.mark.parametrize("case", ["q and k overlap", "expanded k", "captured k, vmapped positions", "captured k, grad"])
+def test_in_place_rope_under_a_transform_refused_before_any_write(case):
+    """What eager apply_rope_ refuses (q and k sharing memory, an expanded k), and what torch.func
+    cannot write back (a k outside the transform whose rotation varies with it), are refused under a
+    transform too, before q is written (the emulation copies q back first)."""
+    cfg = _config()
+    x = _randn(V, B, S + 1, H, D, seed=38)
+    q, k = _randn(V, B, S, H, D, seed=39), _randn(B, S, KV, D, seed=40)
+    pos, positions = _positions(S, seed=41), _positions(V, S, seed=42)
+    calls = {
+        "q and k overlap": (lambda: torch.func.vmap(lambda t: pn.apply_rope_(t[:, :S], t[:, 1:], pos, config=cfg))(x),
+                            "q and k must not share memory"),
+        "expanded k": (lambda: torch.func.vmap(lambda a: pn.apply_rope_(a, k[:, :, :1].expand(B, S, KV, D), pos,
+                                                                        config=cfg))(q), "k must not have elements that share"),
+        "captured k, vmapped positions": (lambda: torch.func.vmap(lambda a, p: pn.apply_rope_(a, k, p, config=cfg))(
+            q, positions), "k is not an input of the torch.func transform"),
+        "captured k, grad": (lambda: torch.func.grad(lambda a: pn.apply_rope_(a * 1.0, k, pos, config=cfg)[0].sum())(q[0]),
+                             "k is not an input of the torch.func transform"),
+    }
+    before = [t.clone() for t in (x, q, k)]
+    call, message = calls[case]
+    with pytest.raises(RuntimeError, match=message):
+        call()
+    assert all(torch.equal(t, b) for t, b in zip((x, q, k), before))
+    # the same q and k out of place: every slice as the reference gives it
+    if case == "q and k overlap":
+        got_q, got_k = torch.func.vmap(lambda t: pn.apply_rope(t[:, :S], t[:, 1:], pos, config=cfg))(x)
+        want_q, want_k = reference.apply_rope(x[1, :, :S].double(), x[1, :, 1:].double(), pos, cfg)
+        _check(got_q[1], want_q)
+        _check(got_k[1], want_k)

@@ -97,6 +97,54 @@ def _rope_vmap(info, in_dims, q, k, positions, cu_seqlens, inv_freq, attention_f
 torch.library.register_vmap("posenc::rope", _rope_vmap)
 
 
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """The tensor under ``t``'s functorch wrappers (every vmapped slice of it together) and functional wrapper."""
+    while True:
+        if torch._C._functorch.is_functorch_wrapped_tensor(t):
+            t = torch._C._functorch.get_unwrapped(t)
+        elif torch._is_functional_tensor(t):
+            t = torch._from_functional_tensor(t)
+        else:
+            return t
+
+
+def check_writable_apart(op: str, q: torch.Tensor, k: torch.Tensor) -> None:
+    """Under a transform the in-place rotation is the out-of-place op copied back into q, then k
+    (``ops._rope``): checked first, as the op checks in eager, so that nothing is written when one
+    copy would fail or the second would overwrite the first. Expanded and self-overlapping q or k
+    are refused as in eager; q and k are refused when their byte ranges meet (eager decides exactly,
+    so views of one fused qkv buffer with interleaved rows pass there and not here)."""
+    q, k = _plain(q), _plain(k)
+    for name, t in (("q", q), ("k", k)):
+        if t.numel() > 1 and torch._debug_has_internal_overlap(t) == 1:
+            raise RuntimeError(f"{op}: {name} must not have elements that share memory (an expanded or self-overlapping "
+                               f"view, strides {list(t.stride())}) when rotated in place")
+    if q.numel() == 0 or k.numel() == 0 or q.untyped_storage().data_ptr() != k.untyped_storage().data_ptr():
+        return
+
+    def byte_range(t: torch.Tensor) -> tuple[int, int]:
+        first = t.storage_offset() * t.element_size()
+        return first, first + (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+    (q0, q1), (k0, k1) = byte_range(q), byte_range(k)
+    if q0 < k1 and k0 < q1:
+        raise RuntimeError(f"{op}: q and k must not share memory when rotated in place (under a torch.func "
+                           "transform, views of one buffer whose elements interleave count as sharing it: rotate "
+                           "them with apply_rope)")
+
+
+def check_copyable(op: str, **pairs: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """Refuses, before the first copy, a result that cannot be copied back: a name's ``(destination,
+    result)`` where the result is wrapped by a transform the destination is not (a captured k whose
+    rotation varies over a vmapped dimension of the positions; a captured tensor under grad)."""
+    level = torch._C._functorch.maybe_get_level
+    for name, (dst, result) in pairs.items():
+        if level(result) > level(dst):
+            raise RuntimeError(f"{op}: {name} is not an input of the torch.func transform (nor computed from one), but its "
+                               "rotation would be one of the transform's values (vmapped positions, or inside grad): "
+                               "it cannot be written in place there; use apply_rope")
+
+
 _FORMULAS: dict = {}  # op name -> (setup_context, backward), as given to torch.library.register_autograd
 
 

@@ -13,6 +13,7 @@ import torch
 
 from . import _fx, _library
 from ._functorch import dispatch as _dispatch, register_autograd as _register_autograd
+from ._functorch import check_copyable as _check_copyable, check_writable_apart as _check_writable_apart
 from ._functorch import transforms_active as _functorch_active
 from ._checks import check_bool as _check_bool, check_float as _check_float, check_int as _check_int
 from ._checks import check_tensor as _check_tensor
@@ -396,7 +397,9 @@ def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, i
             q_out, k_out = _dispatch("rope", *args)
         return q_out, (k_out if k is not None else None)
     if _functorch_active():  # the in-place op has no torch.func rule: the out-of-place one, copied back
+        _check_writable_apart("posenc.rope_", q, k_arg)
         q_out, k_out = _dispatch("rope", *args)
+        _check_copyable("posenc.rope_", q=(q, q_out), k=(k_arg, k_out))
         q.copy_(q_out)
         k_arg.copy_(k_out)
     elif torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k_arg.requires_grad)):

@@ -7,6 +7,7 @@ and the CUDA kernels' work items run on the host.
 """
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -50,14 +51,19 @@ def t5_attention(heads: int = 4, num_buckets: int = 32, max_distance: int = 128,
     return attn.to(device=device, dtype=dtype)
 
 
-def is_exact_edge(n: int, num_buckets: int, max_distance: int, bidirectional: bool) -> bool:
-    """Whether distance n sits exactly on a log-bucket edge: (n / me)^span = (md / me)^k for an integer k.
-    There transformers' float32 log may round either way (csrc/core/relative_bias.h)."""
+def is_at_an_edge(n: int, num_buckets: int, max_distance: int, bidirectional: bool) -> bool:
+    """Whether distance n sits on a log-bucket edge, exactly ((n / me)^span = (md / me)^k for an
+    integer k) or closer to one than float32 resolves: transformers' float32 log may round either way
+    there (csrc/core/relative_bias.h), e.g. 186 of 59 one-way buckets up to 296 is 52.9999993, and
+    transformers gives bucket 53."""
     per = num_buckets // 2 if bidirectional else num_buckets
     me, span = per // 2, per - per // 2
     if n < me or n >= max_distance:
         return False
-    return any(n ** span * me ** k == max_distance ** k * me ** span for k in range(1, span + 1))
+    if any(n ** span * me ** k == max_distance ** k * me ** span for k in range(1, span + 1)):
+        return True
+    value = me + math.log(n / me) / math.log(max_distance / me) * span  # float64: 1e-13 off at most
+    return abs(value - round(value)) <= 2.0 ** -20 * value  # a few float32 roundings away
 
 
 def valid_configs():
@@ -92,7 +98,7 @@ def test_bucket_equals_transformers_on_random_positions(bidirectional, num_bucke
 @given(config=valid_configs())
 def test_bucket_every_distance_matches_transformers_and_the_exact_reference(config):
     """Every relative position in [-3 md, 3 md]: the exact integer reference everywhere, transformers
-    everywhere except exact bucket edges (its float32 log decides those; the kernel gives the exact value)."""
+    everywhere except at bucket edges (its float32 log decides those; the kernel gives the exact value)."""
     bidirectional, num_buckets, max_distance = config
     kw = dict(bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
     rp = torch.arange(-3 * max_distance - 5, 3 * max_distance + 6).flip(0)[torch.randperm(6 * max_distance + 11)]
@@ -103,7 +109,7 @@ def test_bucket_every_distance_matches_transformers_and_the_exact_reference(conf
     for i in differ:
         r = int(rp[i])
         n = abs(r) if bidirectional else max(-r, 0)
-        assert is_exact_edge(n, num_buckets, max_distance, bidirectional), (r, int(got[i]), int(want[i]))
+        assert is_at_an_edge(n, num_buckets, max_distance, bidirectional), (r, int(got[i]), int(want[i]))
 
 
 def test_bucket_at_an_exact_edge_is_the_exact_value():

@@ -260,13 +260,16 @@ static PyObject* rope_fast(PyObject* const* a) {
 
   PyObject* result = NULL;
   PyObject* k_arg = k; /* what the op gets; owned when made here */
-  if (k == Py_None && (k_arg = PyObject_CallFunctionObjArgs(fp.empty_k, q, layout, NULL)) == NULL) {
+  /* Checked before q alone's k is made: ops._empty_k_reused keeps it, and one made from a tensor of a
+   * transform (a vmapped q) would be handed to later plain calls. (That k has no elements and is made
+   * outside inference mode: nothing to check on it.) */
+  int ok = nothing_intercepts(in_place, q, k == Py_None ? q : k);
+  if (ok > 0 && k == Py_None && (k_arg = PyObject_CallFunctionObjArgs(fp.empty_k, q, layout, NULL)) == NULL) {
     PyErr_Clear(); /* a layout or shape the general path explains */
     k_arg = k;
     result = Py_NewRef(Py_None);
     goto done;
   }
-  int ok = nothing_intercepts(in_place, q, k_arg);
   if (ok <= 0) {
     result = ok < 0 ? NULL : Py_NewRef(Py_None);
   } else {

@@ -295,6 +295,27 @@ def test_q_alone_after_inference_mode_keeps_the_fast_path():
     torch.testing.assert_close(q2.double(), want, atol=2e-6, rtol=0)
 
 
+def test_q_alone_under_vmap_leaves_no_wrapped_k_for_later_calls(capfd):
+    """A q-only call under vmap takes the general path without making the fast path's kept zero-head
+    k from the vmapped q: a wrapped k kept there reached every later plain call of that shape (the
+    op refused it there, printing a C++ exception report each time, and the general path took over)."""
+    config = _config()
+    _warm(config)
+    q, _, pos = _decode_inputs()
+    ops._EMPTY_KS.clear()
+    qs = torch.stack([q, q.flip(-1), 2 * q])
+    got = torch.func.vmap(lambda a: pn.apply_rope(a, None, pos, config=config)[0])(qs)
+    assert not any(torch._C._functorch.is_functorch_wrapped_tensor(k) for k in ops._EMPTY_KS.values())
+    calls = _watch_fast_path()
+    for i in range(3):
+        plain, _ = pn.apply_rope(qs[i], None, pos, config=config)
+        want, _ = reference.apply_rope(qs[i].double(), None, pos, config)
+        torch.testing.assert_close(plain.double(), want, atol=2e-6, rtol=0)
+        assert torch.equal(got[i], plain)
+    assert calls() == {"rope": 3}
+    assert "Exception" not in capfd.readouterr().err
+
+
 @pytest.mark.parametrize("plain_first", [False, True])
 def test_fast_path_mrope_uses_the_axis_frequencies(plain_first, monkeypatch):
     """An MRoPE config caches two CPU frequency forms (1-D inv_freq_on, the ops' [axes, pairs]); the

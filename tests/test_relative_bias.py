@@ -583,6 +583,11 @@ def _bad_cases():
         (lambda: torch.ops.posenc.alibi_bias_backward(torch.randn(2, 4, 9, 9), 0),
          "grad must be [1, heads, query_length, key_length]"),
         (lambda: pn.alibi_slopes(0), "num_heads must be an int >= 1"),
+        (lambda: pn.alibi_bias(s, 3, 4, query_offset=torch.tensor(2.7)), "query_offset must be an int or a one-element integer"),
+        (lambda: T5(w, 3, 4, query_offset=torch.tensor(True)), "query_offset must be an int or a one-element integer"),
+        (lambda: pn.ALiBi(4)(3, 4, torch.tensor([-0.5])), "query_offset must be an int or a one-element integer"),
+        (lambda: pn.alibi_bias(s, 3, 4, query_offset=2.7), "query_offset must be an int, got float 2.7"),
+        (lambda: pn.alibi_bias(s, 3, 4, query_offset=torch.tensor([1, 2])), "query_offset must be an int or a one-element tensor"),
         (lambda: pn.T5RelativePositionBias(4, num_buckets=33), "num_buckets must be even"),
     ]
 
@@ -590,7 +595,7 @@ def _bad_cases():
 @pytest.mark.parametrize("case", range(len(_bad_cases())))
 def test_bad_input_names_the_argument(case):
     fn, message = _bad_cases()[case]
-    with pytest.raises((RuntimeError, ValueError)) as info:
+    with pytest.raises((RuntimeError, ValueError, TypeError)) as info:
         fn()
     assert message in str(info.value)
 

@@ -41,8 +41,11 @@ def _offset(query_offset: Offset) -> int:
         if query_offset.numel() != 1:
             raise ValueError("query_offset must be an int or a one-element tensor, got shape "
                              f"{tuple(query_offset.shape)}")
+        if query_offset.is_floating_point() or query_offset.is_complex() or query_offset.dtype == torch.bool:
+            raise TypeError(f"query_offset must be an int or a one-element integer tensor, got a {query_offset.dtype} "
+                            "tensor")
         return int(query_offset.item())
-    return query_offset
+    return check_int("query_offset", query_offset)
 
 
 def t5_relative_position_bucket(relative_position: torch.Tensor, *, bidirectional: bool = True,

@@ -466,3 +466,5 @@ def test_learnable_module(device):
         m(torch.randn(1, 65, 40, device=device))
     with pytest.raises(ValueError, match=r"sequence of length 30 at offset 35 exceeds max_len=64"):
         m(x, offset=35)
+    with pytest.raises(ValueError, match=r"offset must be >= 0 \(a learned table has no rows before position 0\), got -3"):
+        m(x, offset=-3)

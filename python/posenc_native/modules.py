@@ -72,6 +72,8 @@ class LearnablePositionalEncoding(nn.Module):
             raise ValueError(f"sequence of length {seq} at offset {offset} exceeds max_len={self.max_len} of "
                              "LearnablePositionalEncoding; a learned table has no rows past max_len "
                              "(use SinusoidalPositionalEncoding or a larger max_len)")
+        if offset < 0:
+            raise ValueError(f"offset must be >= 0 (a learned table has no rows before position 0), got {offset}")
         positions = torch.arange(offset, offset + seq, device=x.device)
         return x + self.position_embeddings(positions).to(x.dtype)
 

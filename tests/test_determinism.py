@@ -210,3 +210,60 @@ def test_chunk_starting_on_a_repeated_position_matches_reference(dtype):
                                                              attention_factor=1.5))
         torch.testing.assert_close(got_q.double(), want_q, atol=atol, rtol=rtol, msg=lambda m: f"{n} threads: {m}")
         torch.testing.assert_close(got_k.double(), want_k, atol=atol, rtol=rtol, msg=lambda m: f"{n} threads: {m}")
+
+
+def _batch_cases(g: torch.Generator, batch: int, seq: int) -> dict[str, torch.Tensor]:
+    """Positions [batch, seq] whose rows meet at batch boundaries in every way the stream tells apart:
+    each row's own runs, all rows alike, a decode batch at one position, and rows continuing one another
+    (row b + 1 starts one past row b's end, the same position as row b's end, or at its start)."""
+    runs = runs_of_positions(g, batch, seq)
+    chained = (torch.arange(batch * seq) + 40)[:, None].reshape(batch, seq)
+    return {"runs": runs, "shared": runs[:1].expand(batch, seq),
+            "decode": torch.full((batch, seq), 70_000), "chained": chained,
+            "repeat at the boundary": chained - torch.arange(batch)[:, None],
+            "restart": (torch.arange(seq) + 8)[None].expand(batch, seq).contiguous()}
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16, torch.float64))
+@pytest.mark.parametrize("interleaved", (False, True))
+@pytest.mark.parametrize("case", ["runs", "shared", "decode", "chained", "repeat at the boundary", "restart"])
+def test_a_sequence_gets_the_same_bits_in_any_batch(dtype, interleaved, case):
+    """Batch invariance: a sequence's rotation does not depend on the other sequences of the call
+    (nor, so, on how torch.func.vmap folds a vmapped dimension into the batch): each batch row of one
+    call equals, bit for bit, a call on that row alone, on any thread count. The stream restarts at
+    each sequence's first row (csrc/cpu/sincos_stream.h); before, its anchors counted rows across
+    the batch, and a row's bits depended on its index in the batch."""
+    g = torch.Generator().manual_seed(31)
+    B, S, D = 7, 45, 64
+    pos = _batch_cases(g, B, S)[case]
+    q = torch.randn(B, S, 3, D, generator=g, dtype=torch.float64).to(dtype)
+    k = torch.randn(B, S, 1, D, generator=g, dtype=torch.float64).to(dtype)
+    cfg = pn.RopeConfig(head_dim=D, interleaved=interleaved,
+                        scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=4096))
+    for n in THREADS:
+        got_q, got_k = with_threads(n, lambda: pn.apply_rope(q, k, pos, config=cfg))
+        for b in range(B):
+            alone_q, alone_k = pn.apply_rope(q[b:b + 1], k[b:b + 1], pos[b:b + 1], config=cfg)
+            assert torch.equal(got_q[b:b + 1], alone_q) and torch.equal(got_k[b:b + 1], alone_k), (n, b)
+    # and the same for the packed layout: each sequence of cu_seqlens as a call of its own
+    lengths = torch.tensor([5, 64, 1, 70, 9, 66])
+    cu = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    qt = torch.randn(int(cu[-1]), 2, D, generator=g, dtype=torch.float64).to(dtype)
+    packed, _ = pn.apply_rope(qt, None, None, config=cfg, layout="thd", cu_seqlens=cu, offset=3)
+    for i in range(len(lengths)):
+        part = qt[cu[i]:cu[i + 1]]
+        alone, _ = pn.apply_rope(part, None, None, config=cfg, layout="thd", offset=3)
+        assert torch.equal(packed[cu[i]:cu[i + 1]], alone), i
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+def test_a_sequence_gets_the_same_encoding_bits_in_any_batch(dtype):
+    """add_sinusoidal with per-row positions: each batch row as in a call of its own."""
+    g = torch.Generator().manual_seed(32)
+    B, S, D = 6, 50, 96
+    pos = runs_of_positions(g, B, S)
+    x = torch.randn(B, S, D, generator=g, dtype=torch.float64).to(dtype)
+    for n in THREADS:
+        got = with_threads(n, lambda: pn.add_sinusoidal(x, pos))
+        for b in range(B):
+            assert torch.equal(got[b:b + 1], pn.add_sinusoidal(x[b:b + 1], pos[b:b + 1])), (n, b)

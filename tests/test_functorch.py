@@ -55,6 +55,9 @@ def test_vmapped_q_and_k_match_each_slice_in_one_call(layout, positions, interle
         want_q, want_k = reference.apply_rope(q[i].double(), k[i].double(), pos, cfg, layout=layout)
         _check(got_q[i], want_q)
         _check(got_k[i], want_k)
+        # folded into one call, each slice gets the bits of its own call (the kernels are batch invariant)
+        alone_q, alone_k = pn.apply_rope(q[i], k[i], pos, config=cfg, layout=layout)
+        assert torch.equal(got_q[i], alone_q) and torch.equal(got_k[i], alone_k)
 
 
 def test_q_alone_vmapped_and_a_vmapped_dim_not_first():

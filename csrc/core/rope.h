@@ -71,15 +71,19 @@ struct RopeProblem {
       POSENC_DEVICE_REQUIRE(domain.contains(p), "posenc: positions + offset must lie in [-2^48, 2^48]");
       return p + offset;
     }
-    if (cu_seqlens) {  // packed: position within its sequence (binary search for the last start <= s)
-      int64_t lo = 0, hi = n_seqs - 1;
-      while (lo < hi) {
-        const int64_t mid = (lo + hi + 1) / 2;
-        if (load_as_int64(cu_seqlens, cu_seqlens_kind, mid) <= s) lo = mid; else hi = mid - 1;
-      }
-      return s - load_as_int64(cu_seqlens, cu_seqlens_kind, lo) + offset;
+    return sequence_index(s) + offset;  // packed: the position within its sequence
+  }
+
+  // Index of token s within its sequence: packed (cu_seqlens), s minus the last start <= s (a binary
+  // search); else s (a batch row, or the packed tokens as one sequence).
+  POSENC_HD int64_t sequence_index(int64_t s) const {
+    if (!cu_seqlens) return s;
+    int64_t lo = 0, hi = n_seqs - 1;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      if (load_as_int64(cu_seqlens, cu_seqlens_kind, mid) <= s) lo = mid; else hi = mid - 1;
     }
-    return s + offset;
+    return s - load_as_int64(cu_seqlens, cu_seqlens_kind, lo);
   }
 
   // Row offset (in elements) of the cos/sin table for token (b, s).

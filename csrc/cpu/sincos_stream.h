@@ -37,15 +37,19 @@ T* thread_rows(int64_t n) {
   if (static_cast<int64_t>(rows.size()) < n) rows = RowVector<T>(n);
   return rows.data();
 }
-enum RowSlot { kStreamMath, kStreamF64, kStreamSteps, kStreamFineSteps, kFactorRows };
+enum RowSlot { kStreamMath, kStreamF64, kStreamSteps, kStreamFineSteps, kFactorRows, kOneAxisFreq };
 
 // sin/cos(position * freq[i]) * amplitude for i < n, in the math type M, for row r of a problem
-// (a token or an encoding row) at position_of(r). Row r is computed directly with sincos_row when r
-// is a multiple of kDirectEvery or its position is neither row r-1's nor row r-1's plus one; one
-// past row r-1 it is advanced from it by a rotation in float64; at row r-1's position (a decode
-// batch, every row at one position) it repeats it. Which rows are direct thus depends only on the
-// row index and the positions, never on where a parallel chunk begins: a chunk's first row replays
-// from the last direct row at or before it, so any thread count gives the same bits.
+// (a token or an encoding row) at position_of(r), the local-th row of its sequence (a batch row of
+// tokens, a packed sequence of cu_seqlens). Row r is computed directly with sincos_row when local
+// is a multiple of kDirectEvery (the sequence's first row included) or its position is neither row
+// r-1's nor row r-1's plus one; one past row r-1 it is advanced from it by a rotation in float64;
+// at row r-1's position (a decode batch, every row at one position) it repeats it (also at a
+// sequence's first row when row r-1 was direct: the same bits). Which rows are direct thus depends
+// only on the sequence's own positions and the row's index in it: not on where a parallel chunk
+// begins (a chunk's first row replays from the last direct row at or before it), so any thread
+// count gives the same bits, nor on the other sequences of the batch, so a sequence gets the same
+// bits in any batch (torch.func.vmap folds its dimension into the batch: python/posenc_native/_functorch.py).
 //
 // Fine rows (a consumer that asks for them with fine_every > 1, one axis): the float64 state then
 // moves only at anchor rows, the multiples of fine_every and the direct rows, by one rotation of
@@ -97,19 +101,20 @@ class SinCosStream {
   SinCosStream(const SinCosStream&) = delete;
   SinCosStream& operator=(const SinCosStream&) = delete;
 
-  // Fills sin() and cos() for row `row`: position_of(row) gives a row's position as a double, or,
-  // with several axes, position_of(row, out) writes its n_axes positions to out.
+  // Fills sin() and cos() for row `row`, the local-th row of its sequence: position_of(row) gives
+  // a row's position as a double, or, with several axes, position_of(row, out) writes its n_axes
+  // positions to out.
   template <typename PositionOf>
-  void at(int64_t row, const PositionOf& position_of) {
-    at(row, position_of, MathRows{sin_, cos_, fine_sin_, fine_cos_});
+  void at(int64_t row, int64_t local, const PositionOf& position_of) {
+    at(row, local, position_of, MathRows{sin_, cos_, fine_sin_, fine_cos_});
   }
 
   // The same, with the row written to out (see above) instead: sin() and cos() are then not the row's.
   template <typename PositionOf, typename Out>
-  void at(int64_t row, const PositionOf& position_of, const Out& out) {
+  void at(int64_t row, int64_t local, const PositionOf& position_of, const Out& out) {
     positions_of(position_of, row, current_);
-    if (row != next_row_) replay_to(row, position_of);
-    step(row, current_, out);
+    if (row != next_row_) replay_to(row, local, position_of);
+    step(row, local, current_, out);
   }
 
   const M* sin() const { return row_sin_; }
@@ -170,32 +175,34 @@ class SinCosStream {
     }
     return true;
   }
+  bool same(const double* now, const double* before) const { return std::equal(now, now + n_axes_, before); }
 
   // A chunk's first row: replay from the last direct row at or before it. Out of line (it runs once
   // per chunk): flattened into every CPU loop's clones, it and step_row tripled their compile time
   // (cpu/kernels.h).
   template <typename PositionOf>
-  [[gnu::noinline]] void replay_to(int64_t row, const PositionOf& position_of) {
-    int64_t r = row;
+  [[gnu::noinline]] void replay_to(int64_t row, int64_t local, const PositionOf& position_of) {
+    int64_t r = row, l = local;
     std::copy(current_, current_ + n_axes_, replay_);
-    while (r % kDirectEvery != 0) {
+    while (l % kDirectEvery != 0) {
       positions_of(position_of, r - 1, before_);
       if (!follows(replay_, before_)) break;
-      --r;
+      --r, --l;
       std::swap(replay_, before_);
     }
     for (int64_t t = r; t < row; ++t) {
       positions_of(position_of, t, replay_);
-      step(t, replay_, StateOnly{});
+      step(t, l + (t - r), replay_, StateOnly{});
     }
   }
 
   // One row after the previous one (row - 1, at previous_), by the rule above.
   template <typename Out>
-  void step(int64_t row, const double* position, const Out& out) {
+  void step(int64_t row, int64_t local, const double* position, const Out& out) {
     row_sin_ = sin_, row_cos_ = cos_;
-    const bool anchor = row % fine_ == 0;
-    if (row == next_row_ && row % kDirectEvery != 0 && follows(position, previous_)) {
+    const bool anchor = local % fine_ == 0;
+    if (row == next_row_ && local % kDirectEvery != 0 && follows(position, previous_)) {
+      if (!same(position, previous_)) direct_state_ = false;
       if (n_axes_ == 1) moved_ += position[0] != previous_[0];
       if (!anchor) {
         between_anchors(out);
@@ -218,9 +225,12 @@ class SinCosStream {
         }
       }
       if (anchor) moved_ = 0;
+    } else if (row == next_row_ && direct_state_ && same(position, previous_)) {
+      repeat(out);  // a direct row's start at the direct state's position: what direct would write
     } else {
       direct(position, out);  // an anchor too
       moved_ = 0;
+      direct_state_ = true;
     }
     std::copy(position, position + n_axes_, previous_);
     next_row_ = row + 1;
@@ -346,6 +356,7 @@ class SinCosStream {
   double *previous_, *current_, *replay_, *before_;  // one position per axis
   int64_t next_row_ = -1;
   int64_t moved_ = 0;  // one axis: positions moved since the anchor
+  bool direct_state_ = false;  // the float64 state is what direct() made at previous_ (no move since)
   bool math_current_ = false;  // sin_/cos_ hold the state times the amplitude (they may not, past an Out)
 };
 

@@ -137,12 +137,12 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
     const int64_t n = std::min<int64_t>(kBlock, end - block);
     for (int64_t j = 0; j < n; ++j) {
       const int64_t s = (block + j) % p.seq;
-      if (p.x) {
-        angles.at(block + j, position_of, EncodingRow<M>{prm, pe_rows.data() + j * dim});
+      if (p.x) {  // (s: the row's index in its sequence, a batch row of positions)
+        angles.at(block + j, s, position_of, EncodingRow<M>{prm, pe_rows.data() + j * dim});
         continue;
       }
       T* out = static_cast<T*>(p.out) + s * p.out_stride_s;  // the table: batch 1
-      angles.at(block + j, position_of, EncodingRow<T>{prm, stream ? row.data() : out});
+      angles.at(block + j, s, position_of, EncodingRow<T>{prm, stream ? row.data() : out});
       if (stream) stream_copy(out, row.data(), dim * sizeof(T));
     }
     if (!p.x) continue;

@@ -496,6 +496,12 @@ def test_multi_output_view_refused_before_any_write():
     with pytest.raises(RuntimeError, match="view that autograd cannot modify in place"):
         pn.apply_rope_(q, k, inv_freq=inv_freq(8))
     assert torch.equal(qkv.detach(), before)
+    # a view made under no_grad (also a leaf for autograd): named as such, not as a leaf
+    with torch.no_grad():
+        q = qkv[:, :, 0]
+    with pytest.raises(RuntimeError, match=r"q is a view that autograd cannot modify in place \(CreationMeta.NO_GRAD_MODE"):
+        pn.apply_rope_(q, None, inv_freq=inv_freq(8))
+    assert torch.equal(qkv.detach(), before)
 
 
 def test_in_place_with_grad_compiles_fullgraph():
@@ -987,3 +993,16 @@ def test_angle_inputs_requiring_grad_are_refused_not_ignored():
         torch.ops.posenc.rope_cos_sin_(q * 1.0, q.new_empty(1, 5, 0, 8), cos, sin, None, "bshd", False)
     with torch.no_grad():  # no gradient wanted: fine
         pn.apply_rotary_pos_emb(q, q, cos, sin, unsqueeze_dim=2)
+
+
+def test_numpy_bools_are_bools():
+    """A numpy bool (np.True_; its type is named bool_ in numpy 1, bool in numpy 2) is a bool argument;
+    other numpy integers are not (the message named the type 'bool' while refusing np.True_)."""
+    np = pytest.importorskip("numpy")
+    q = torch.randn(1, 6, 2, 16, generator=torch.Generator().manual_seed(5))
+    want = reference.apply_rope(q.double(), inv_freq=inv_freq(16), interleaved=True)[0]
+    got = pn.apply_rope(q, inv_freq=inv_freq(16), interleaved=np.True_)[0]
+    assert rel_err(got, want) <= 1e-6
+    assert torch.equal(got, pn.apply_rope(q, inv_freq=inv_freq(16), interleaved=True)[0])
+    with pytest.raises(TypeError, match="interleaved must be a bool, got int64"):
+        pn.apply_rope(q, inv_freq=inv_freq(16), interleaved=np.int64(2))

@@ -36,7 +36,8 @@ def check_float(name: str, value) -> float:
 def check_bool(name: str, value) -> bool:
     if value is True or value is False:
         return value
-    if isinstance(value, bool) or type(value).__name__ == "bool_" or (isinstance(value, int) and value in (0, 1)):
+    numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")  # (numpy 2, 1)
+    if isinstance(value, bool) or numpy_bool or (isinstance(value, int) and value in (0, 1)):
         return bool(value)
     raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
 

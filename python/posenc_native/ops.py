@@ -643,22 +643,22 @@ def _check_inplace_autograd(opname: str, q: torch.Tensor, k: torch.Tensor) -> No
     for name, t in (("q", q), ("k", k)):
         if not t.requires_grad:
             continue
-        if t.is_leaf:
+        if t._is_view():
+            # Views autograd cannot rebase (outputs of unbind/split, views made under no_grad, ...):
+            # torch would refuse them only after the rotation; refuse them before it. (A view made
+            # under no_grad is also a leaf: this comes first, so that the message says what it is.)
+            meta = torch._C._autograd._get_creation_meta(t)
+            if meta != torch._C._autograd.CreationMeta.DEFAULT:
+                raise RuntimeError(f"{opname}: {name} is a view that autograd cannot modify in place ({meta}: e.g. an "
+                                   "output of unbind/split, or a view made under no_grad); slice the base tensor "
+                                   "instead (qkv[:, :, 0]), or use the out-of-place op")
+            if t._base.is_leaf and t._base.requires_grad:
+                raise RuntimeError(f"{opname}: {name} is a view of a leaf Variable that requires grad; a view of a leaf "
+                                   "Variable that requires grad is being used in an in-place operation")
+        elif t.is_leaf:
             raise RuntimeError(f"{opname}: {name} is a leaf Variable that requires grad; a leaf Variable that requires "
                                "grad is being used in an in-place operation. Use the out-of-place op (apply_rope / "
                                "posenc.rope), or rotate under torch.no_grad()")
-        if not t._is_view():
-            continue
-        if t._base.is_leaf and t._base.requires_grad:
-            raise RuntimeError(f"{opname}: {name} is a view of a leaf Variable that requires grad; a view of a leaf "
-                               "Variable that requires grad is being used in an in-place operation")
-        # Views autograd cannot rebase (outputs of unbind/split, views made under no_grad, ...):
-        # torch would refuse them only after the rotation; refuse them before it.
-        meta = torch._C._autograd._get_creation_meta(t)
-        if meta != torch._C._autograd.CreationMeta.DEFAULT:
-            raise RuntimeError(f"{opname}: {name} is a view that autograd cannot modify in place ({meta}: e.g. an "
-                               "output of unbind/split, or a view made under no_grad); slice the base tensor "
-                               "instead (qkv[:, :, 0]), or use the out-of-place op")
 
 
 def _register_inplace(name: str) -> None:

@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEPS_STAMP := $(VENV)/.posenc-deps
 
-.PHONY: run test build bench coverage clean sanitize test-second-torch test-newest-torch
+.PHONY: run test build bench coverage clean sanitize test-second-torch test-oldest-torch test-newest-torch
 .DEFAULT_GOAL := test
 
 $(DEPS_STAMP): requirements-dev.txt
@@ -38,6 +38,13 @@ SECOND_TORCH ?= torch==2.13.0
 SECOND_TRANSFORMERS ?= transformers==5.23.0
 test-second-torch:
 	WITH_TESTS=1 TORCH_SPEC=$(SECOND_TORCH) TRANSFORMERS_SPEC=$(SECOND_TRANSFORMERS) PYTHON=$(PYTHON) bash ci/wheel_smoke.sh
+
+# The same wheel file and suite with the oldest torch the wheel accepts (pyproject.toml's torch>=2.11,
+# the stable ABI's target; a CUDA build, the only 2.11 on the package index): the floor of the range,
+# which users of older clusters have.
+OLDEST_TORCH ?= torch==2.11.0
+test-oldest-torch:
+	WITH_TESTS=1 TORCH_SPEC=$(OLDEST_TORCH) PYTHON=$(PYTHON) bash ci/wheel_smoke.sh
 
 # The same wheel file and suite with the newest torch release (a CUDA build from the package index),
 # as a user who installs torch today gets it: the newest end of the range. PIP_CONSTRAINT=/dev/null

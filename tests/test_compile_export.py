@@ -17,6 +17,7 @@ from torch import nn
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import posenc_native
+from posenc_native import reference
 
 DEVICES = ["cpu"]
 if torch.cuda.is_available() and posenc_native.build_info()["cuda"]:
@@ -238,6 +239,70 @@ def test_rotary_module_compiles_and_exports_without_breaks():
         assert _posenc_targets(ep) == {"posenc.rope.default"}
         x2 = torch.randn(2, 7, D_MODEL)
         assert_matches(ep.module()(x2, positions), model(x2, positions), "cpu")
+
+
+LENGTH_SCALINGS = {
+    "dynamic": {"rope_type": "dynamic", "factor": 4.0},
+    "longrope": {"rope_type": "longrope", "factor": 8.0, "original_max_position_embeddings": 32,
+                 "short_factor": [1.0 + 0.1 * i for i in range(4)], "long_factor": [2.0 + 0.5 * i for i in range(4)]},
+}
+
+
+@pytest.mark.parametrize("scheme", sorted(LENGTH_SCALINGS))
+def test_schemes_that_follow_the_length_compile_fullgraph_and_export(scheme):
+    """Dynamic NTK and LongRoPE frequencies follow the sequence length (the largest position + 1).
+    Compiled with fullgraph=True (positions as data, or none with dynamic sizes) and exported, the
+    graph computes them from the length (RopeConfig.op_inv_freq_of_length): no host read of the
+    positions, no graph break, and the float64 reference's result on both sides of the original
+    context (it failed on a data-dependent guard or assume_constant_result before)."""
+    config = posenc_native.RopeConfig(head_dim=8, max_position_embeddings=32, scaling=LENGTH_SCALINGS[scheme])
+    g = torch.Generator().manual_seed(7)
+
+    def rotate(q, positions=None):
+        return posenc_native.apply_rope(q, None, positions, config=config)[0]
+
+    with_positions = torch.compile(rotate, fullgraph=True)
+    sized = torch.compile(lambda q: rotate(q), fullgraph=True, dynamic=True)
+    model = ModuleAttention(config).eval()
+    ep = torch.export.export(model, (torch.randn(1, 20, D_MODEL), torch.arange(20)[None]),
+                             dynamic_shapes=({1: torch.export.Dim("s", min=2, max=512)},
+                                             {1: torch.export.Dim("s", min=2, max=512)}))
+    for length in (20, 90):  # below and past max_position_embeddings / the original context
+        q = torch.randn(2, length, 3, 8, generator=g)
+        positions = torch.randint(0, length, (2, length), generator=g)
+        positions[0, -1] = length - 1  # the length the frequencies follow
+        want, _ = reference.apply_rope(q.double(), None, positions, config)
+        torch.testing.assert_close(with_positions(q, positions).double(), want, atol=2e-6, rtol=0)
+        want, _ = reference.apply_rope(q.double(), None, None, config)
+        torch.testing.assert_close(sized(q).double(), want, atol=2e-6, rtol=0)
+        x, pos = torch.randn(1, length, D_MODEL, generator=g), torch.arange(length)[None]
+        with torch.no_grad():
+            assert_matches(ep.module()(x, pos), model(x, pos), "cpu")
+    assert _posenc_targets(ep) == {"posenc.rope.default"}
+
+
+def test_several_configs_in_one_compiled_graph():
+    """Layers with different configs in one graph (Gemma's sliding and full attention, a vision tower
+    and its decoder): each config's frequencies are a graph constant of its own name. Inductor
+    refused two constants of one name ("source ConstantSource(source_name='get') already in
+    seen_sources"), so such a model did not compile at all."""
+    configs = [posenc_native.RopeConfig(head_dim=8), posenc_native.RopeConfig(head_dim=8, base=500.0),
+               posenc_native.RopeConfig(head_dim=8, scaling={"rope_type": "llama3", "factor": 8.0,
+                                                              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                              "original_max_position_embeddings": 16})]
+    g = torch.Generator().manual_seed(8)
+    q, positions = torch.randn(2, 9, 3, 8, generator=g), torch.randint(0, 5000, (2, 9), generator=g)
+
+    def layers(q, positions):
+        return [posenc_native.apply_rope(q, None, positions, config=c)[0] for c in configs]
+
+    counter = CompileCounterWithBackend("inductor")
+    for got, eager, c in zip(torch.compile(layers, backend=counter, fullgraph=True)(q, positions), layers(q, positions),
+                             configs):
+        assert torch.equal(got, eager)
+        torch.testing.assert_close(got.double(), reference.apply_rope(q.double(), None, positions, c)[0],
+                                   atol=2e-6, rtol=0)
+    assert counter.frame_count == 1
 
 
 def assert_decode_loop_compiles_once(step) -> None:

@@ -229,6 +229,22 @@ def rope_seq_len(config: "RopeConfig", q: torch.Tensor, positions: Optional[torc
     return q.shape[SEQ_AXIS[layout]] + offset
 
 
+def _graph_seq_len(q: torch.Tensor, positions: Optional[torch.Tensor], layout: str, offset,
+                   cu_seqlens: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Under torch.compile / torch.export, :func:`rope_seq_len` as a 0-d int64 tensor when it is data
+    (positions' maximum, cu_seqlens' longest sequence) or a dynamic size: the graph computes the
+    frequencies from it (RopeConfig.op_inv_freq_of_length) instead of reading it on the host, which
+    would break the graph. None in eager mode."""
+    if not _is_compiling():
+        return None
+    if positions is not None and positions.numel() > 0:
+        return positions.max().to(torch.int64) + offset + 1
+    if cu_seqlens is not None and cu_seqlens.dim() == 1 and cu_seqlens.shape[0] >= 2:
+        return (cu_seqlens[1:] - cu_seqlens[:-1]).max().to(torch.int64) + offset
+    # (a size: constant or dynamic, dynamo answers isinstance(n, SymInt) alike; inductor folds a constant)
+    return torch.full((), q.shape[SEQ_AXIS[layout]] + offset, dtype=torch.int64, device=q.device)
+
+
 def _axis_layout_inv_freq(inv_freq: torch.Tensor, mrope_section, mrope_interleaved) -> torch.Tensor:
     """inv_freq= with mrope_section=: the ops' axis form ([axes, pairs], _rope_math.axis_inv_freq),
     checked as RopeConfig checks its fields."""
@@ -386,9 +402,13 @@ def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, i
     if config is not None:
         # frequencies cached per (config, device, regime), attention factor computed once: no host
         # work that depends only on the config, and positions are read only when the scheme needs it
-        seq_len = rope_seq_len(config, q, positions, layout, offset, cu_seqlens) if config.needs_seq_len else None
-        inv_freq, attention_factor, interleaved = (config.op_inv_freq_on(q.device, seq_len), config.attention_factor,
-                                                   config.interleaved)
+        length = _graph_seq_len(q, positions, layout, offset, cu_seqlens) if config.needs_seq_len else None
+        if length is not None:  # compiled: a length that is data, followed in the graph
+            inv_freq = config.op_inv_freq_of_length(length, q.device)
+        else:
+            seq_len = rope_seq_len(config, q, positions, layout, offset, cu_seqlens) if config.needs_seq_len else None
+            inv_freq = config.op_inv_freq_on(q.device, seq_len)
+        attention_factor, interleaved = config.attention_factor, config.interleaved
     elif mrope_section is not None:
         inv_freq = _axis_layout_inv_freq(inv_freq, mrope_section, mrope_interleaved)
     args = (q, k_arg, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, False)

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Optional
 
 import torch
 
-from .scheme import RopeScaling, check_factor, default_inv_freq, register_scheme
+from .scheme import RopeScaling, check_factor, default_inv_freq, pair_exponents, register_scheme
 
 if TYPE_CHECKING:  # pragma: no cover
     from .rope_config import RopeConfig
@@ -48,6 +48,13 @@ class DynamicNTKScaling(RopeScaling):
         s = self.regime(cfg, seq_len)
         base = float(cfg.base) * ((f * s / big_l) - (f - 1)) ** (d / (d - 2))
         return default_inv_freq(base, d)
+
+    def inv_freq_of_length(self, cfg: "RopeConfig", seq_len: torch.Tensor, device: torch.device) -> torch.Tensor:
+        # compute_inv_freq's formula in float64 tensor ops (within an ulp or so of its Python-float base)
+        d, big_l, f = cfg.rotary_dim, int(cfg.max_position_embeddings), float(self.factor)
+        s = seq_len.clamp_min(big_l).to(torch.float64)
+        base = float(cfg.base) * ((f * s / big_l) - (f - 1)) ** (d / (d - 2))
+        return 1.0 / (base ** pair_exponents(d).to(device))
 
     def describe(self, cfg: "RopeConfig") -> tuple[list[str], Optional[int]]:
         seq_len = int(cfg.max_position_embeddings * self.factor)

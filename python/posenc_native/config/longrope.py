@@ -69,6 +69,15 @@ class LongRopeScaling(ExtendedContext, RopeScaling):
         ext_t = torch.tensor(ext, dtype=torch.float64)
         return 1.0 / (ext_t * float(cfg.base) ** pair_exponents(cfg.rotary_dim))
 
+    def inv_freq_of_length(self, cfg: "RopeConfig", seq_len: torch.Tensor, device: torch.device) -> torch.Tensor:
+        # the short/long choice on the device, between the two cached regimes (the same bits as eager)
+        short, long = cfg._frequencies.regimes(device)
+        return torch.where(seq_len > self.original_max(cfg), long, short)
+
+    def regime_lengths(self, cfg: "RopeConfig") -> tuple[int, ...]:
+        lo = self.original_max(cfg)
+        return (lo, lo + 1)  # short factors up to the original context, long past it
+
     def compute_attention_factor(self, cfg: "RopeConfig") -> float:
         if self.attention_factor is not None:
             return float(self.attention_factor)

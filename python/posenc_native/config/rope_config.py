@@ -1,6 +1,7 @@
 """RopeConfig: what decides the rotary frequencies of one attention layer, and their caches."""
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from dataclasses import dataclass, field
@@ -11,6 +12,19 @@ import torch
 from .._contexts import plain_context, untraced
 from .._rope_math import axis_inv_freq, axis_mask, mrope_pair_axes
 from .scheme import RopeScaling, scaling_from_dict, scheme_class
+
+
+_CONSTANT_NAMES = itertools.count()
+
+
+def _graph_constant(fn, name: str):
+    """``fn`` as a function named ``name`` that torch.compile calls at trace time, its result a constant."""
+    def constant(*args):
+        return fn(*args)
+
+    constant.__code__ = constant.__code__.replace(co_name=name)  # (the name dynamo reads)
+    constant.__name__ = constant.__qualname__ = name
+    return torch.compiler.assume_constant_result(constant)
 
 
 class DeviceFrequencies:
@@ -34,10 +48,28 @@ class DeviceFrequencies:
         # config whose frequencies do not depend on the sequence length: all the ops' decode fast
         # path reads of the config, in one attribute (csrc/python/direct.c, rope)
         self.cpu_plain: Optional[tuple] = None
+        # What torch.compile runs once, at trace time, and records as graph constants: dynamo names a
+        # constant after its function, and two constants of one name in a graph fail in inductor
+        # ("source ConstantSource(source_name='get') already in seen_sources": a model with two
+        # configs), so each config gets functions of its own names.
+        n = next(_CONSTANT_NAMES)
+        self._constant = _graph_constant(self._lookup, f"posenc_inv_freq_{n}")
+        self._constant_regimes = _graph_constant(self._regimes, f"posenc_inv_freq_{n}_regimes")
 
-    @torch.compiler.assume_constant_result
     def get(self, device: torch.device, seq_len: Optional[int], axes: bool = False) -> torch.Tensor:
         """``axes``: the ops' form of an axis layout (``RopeConfig.op_inv_freq_on``)."""
+        return self._constant(device, seq_len, axes) if torch.compiler.is_compiling() else self._lookup(device, seq_len, axes)
+
+    def regimes(self, device: torch.device) -> torch.Tensor:
+        """The frequencies of each of the scheme's regimes (``RopeScaling.regime_lengths``), stacked
+        ``[regimes, pairs]``: one graph constant."""
+        return self._constant_regimes(device) if torch.compiler.is_compiling() else self._regimes(device)
+
+    def _regimes(self, device: torch.device) -> torch.Tensor:
+        cfg = self._config  # (lengths read here, not passed: dynamic=True makes a caller's ints symbols)
+        return torch.stack([self._lookup(device, n, False) for n in cfg.scaling.regime_lengths(cfg)])
+
+    def _lookup(self, device: torch.device, seq_len: Optional[int], axes: bool) -> torch.Tensor:
         cfg = self._config
         key = (device, cfg.scaling.regime(cfg, seq_len) if cfg.needs_seq_len else None, axes)
         t = self._entries.get(key)
@@ -274,6 +306,16 @@ class RopeConfig:
             raise ValueError(f"'seq_len' must be an int >= 0, got {seq_len!r}")
         dev = device if isinstance(device, torch.device) else torch.device("cpu" if device is None else device)
         return self._frequencies.get(dev, seq_len, self._pair_axes is not None)
+
+    def op_inv_freq_of_length(self, seq_len: torch.Tensor, device: Union[torch.device, str, None] = None
+                              ) -> torch.Tensor:
+        """:meth:`op_inv_freq` for a config whose frequencies follow the sequence length, of a length
+        held by a 0-d integer tensor, in tensor ops on ``device``: what compiled and exported code uses
+        when the length comes from positions that are data (no host read, no graph break). LongRoPE's
+        are the cached regimes' bits; dynamic NTK's the same formula in float64 tensor ops."""
+        dev = device if isinstance(device, torch.device) else torch.device("cpu" if device is None else device)
+        t = self.scaling.inv_freq_of_length(self, seq_len.to(device=dev, dtype=torch.int64), dev)
+        return t if self._pair_axes is None else axis_inv_freq(t, axis_mask(self._pair_axes, self.num_axes, dev))
 
     def default_inv_freq(self) -> torch.Tensor:
         """The unscaled frequencies of the same width, for comparisons and plots."""

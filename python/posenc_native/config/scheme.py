@@ -130,6 +130,16 @@ class RopeScaling:
         """float64 frequencies for ``cfg`` (use :meth:`RopeConfig.inv_freq`)."""
         return default_inv_freq(cfg.base, cfg.rotary_dim)
 
+    def regime_lengths(self, cfg: "RopeConfig") -> tuple[int, ...]:
+        """A length in each regime, for a scheme with finitely many (LongRoPE: short, long)."""
+        raise NotImplementedError(f"{self.rope_type} rope: no finite set of regimes")
+
+    def inv_freq_of_length(self, cfg: "RopeConfig", seq_len: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """The float64 frequencies for a length that is a 0-d int64 tensor on ``device``, in tensor
+        ops (compiled and exported code: the length of data-dependent positions; no host read). A
+        scheme with ``needs_seq_len`` defines it (use :meth:`RopeConfig.op_inv_freq_of_length`)."""
+        raise NotImplementedError(f"{self.rope_type} rope: no frequencies for a length known only on the device")
+
     def default_inv_freq(self, cfg: "RopeConfig") -> torch.Tensor:
         """The unscaled frequencies of the same width, for comparisons and plots."""
         return default_inv_freq(cfg.base, cfg.rotary_dim)

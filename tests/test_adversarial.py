@@ -243,6 +243,19 @@ def test_input_aliasing_an_in_place_output_rejected(device, which):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_in_place_input_converted_to_a_copy_may_live_in_q(device):
+    """A float32 inv_freq stored inside float32 q: the op reads its float64 copy, made before any
+    write, so the rotation is the reference's with the values it had (README, "Aliasing")."""
+    g = torch.Generator().manual_seed(21)
+    q = torch.randn(1, 5, 4, 8, generator=g).to(device)
+    q.view(-1)[:4] = inv_freq(8).float().to(device)  # inv_freq lives in q's first head
+    inv, q0 = q.view(-1)[:4], q.clone()
+    pn.apply_rope_(q, None, inv_freq=inv)
+    want, _ = reference.apply_rope(q0.double().cpu(), inv_freq=q0.view(-1)[:4].double().cpu())
+    assert rel_err(q, want) <= 1e-6
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_out_of_place_reads_aliased_inputs_correctly(device):
     """Out of place the outputs are fresh: q, k and the inputs may share memory freely."""
     buf, q, k, as_int = _aliased_inputs(device)

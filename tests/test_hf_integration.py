@@ -213,7 +213,7 @@ def test_patched_matches_unpatched(kind, attn, prompt, lengths):
     assert torch.equal(_generate(model, ids), want_gen)
 
 
-@pytest.mark.parametrize("kind", ["llama-yarn", "gptj", "llama4"])  # half-split, the GPT-J path, complex table
+@pytest.mark.parametrize("kind", ["llama-yarn", "gptj", "llama4", "gemma3"])  # half-split, the GPT-J path, complex table, two configs
 def test_compiled_patched_model_matches_unpatched(kind):
     """torch.compile of a patched model traces the handle and the wrapped rotation without a graph
     break (fullgraph=True) and gives the unpatched model's logits."""

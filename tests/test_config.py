@@ -18,7 +18,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posenc_native import cli
+import posenc_native
+from posenc_native import cli, reference
 from posenc_native.config import (
     PRESETS,
     ROPE_TYPES,
@@ -736,3 +737,37 @@ def test_cli_plot_rope_per_layer_preset(tmp_path, capsys):
     assert cli.main(["plot", "rope", "--config", "gemma4-like", "--out", str(out)]) == 0
     assert capsys.readouterr().out.strip() == str(out)
     assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("scheme", ["dynamic", "longrope"])
+def test_negative_positions_use_the_short_sequence_frequencies(scheme):
+    """Positions below 0 (or a negative offset) make max(position) + 1 <= 0: the frequencies of a
+    short sequence (dynamic NTK's unscaled ones, LongRoPE's short factors), as transformers gives
+    them; the op refused such a call with "'seq_len' must be an int >= 0", a length never passed."""
+    short = [1.0 + 0.1 * i for i in range(4)]
+    scaling = (DynamicNTKScaling(factor=4.0) if scheme == "dynamic" else
+               LongRopeScaling(short_factor=short, long_factor=[3.0] * 4, original_max_position_embeddings=32))
+    cfg = RopeConfig(head_dim=8, max_position_embeddings=128, scaling=scaling)
+    inv = torch.tensor(_default_list(1e4, 8), dtype=torch.float64)
+    if scheme == "longrope":
+        inv = inv / torch.tensor(short, dtype=torch.float64)
+    g = torch.Generator().manual_seed(17)
+    q = torch.randn(1, 3, 2, 8, generator=g)
+    for positions, offset in ((torch.tensor([-4, -3, -2]), 0), (None, -10), (torch.tensor([5, 6, 7]), -20)):
+        got, _ = posenc_native.apply_rope(q, None, positions, config=cfg, offset=offset)
+        pos = (torch.arange(3) if positions is None else positions) + offset
+        want, _ = reference.apply_rope(q.double(), None, pos, inv_freq=inv, attention_factor=cfg.attention_factor)
+        torch.testing.assert_close(got.double(), want, atol=2e-6, rtol=0)
+
+
+def test_every_rotary_dim_survives_a_replace():
+    """A config keeps rotary_dim / head_dim as its partial_rotary_factor; for 2256 (head_dim,
+    rotary_dim) pairs up to 512 (44 and 30 among them) head_dim * that factor rounds below
+    rotary_dim, and dataclasses.replace (a copy with another base, from_hf adding an axis layout)
+    refused the config's own factor as disagreeing with its rotary_dim."""
+    for head_dim in range(2, 513, 6):
+        for rotary_dim in range(2, head_dim + 1, 2):
+            cfg = RopeConfig(head_dim=head_dim, rotary_dim=rotary_dim)
+            copy = dataclasses.replace(cfg, base=5000.0)
+            assert (copy.rotary_dim, copy.head_dim) == (rotary_dim, head_dim)
+            _close(copy.inv_freq(), _default_list(5000.0, rotary_dim))

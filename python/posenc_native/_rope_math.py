@@ -15,11 +15,12 @@ HEAD_AXIS = {"bshd": 2, "bhsd": 1, "thd": 1}  # where the heads are
 
 def seq_len_from_positions(positions: torch.Tensor, offset: int = 0) -> int:
     """The sequence length dynamic NTK and LongRoPE frequencies depend on: ``max(positions) + offset
-    + 1`` (as transformers' frequency update), 0 for no positions. Reads the maximum on the host
-    (a device synchronization)."""
+    + 1`` (as transformers' frequency update), 0 for no positions or none past -1 (negative
+    positions: the frequencies of short sequences, as transformers gives them). Reads the maximum
+    on the host (a device synchronization)."""
     if positions.numel() == 0:
         return 0
-    return int(positions.max()) + int(offset) + 1
+    return max(0, int(positions.max()) + int(offset) + 1)
 
 
 def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor,

@@ -225,8 +225,8 @@ def rope_seq_len(config: "RopeConfig", q: torch.Tensor, positions: Optional[torc
         if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2:
             raise ValueError(f"cu_seqlens must be 1-D with at least 2 entries (sequence starts and the total), got "
                              f"shape {tuple(cu_seqlens.shape)}")
-        return int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) + offset
-    return q.shape[SEQ_AXIS[layout]] + offset
+        return max(0, int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) + offset)
+    return max(0, q.shape[SEQ_AXIS[layout]] + offset)  # (a negative offset: as seq_len_from_positions)
 
 
 def _graph_seq_len(q: torch.Tensor, positions: Optional[torch.Tensor], layout: str, offset,

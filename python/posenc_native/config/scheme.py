@@ -113,7 +113,8 @@ class RopeScaling:
         """``(rotary_dim, partial_rotary_factor)`` from what the user gave (None: not given)."""
         if rotary_dim is None:
             rotary_dim = int(head_dim * (1.0 if prf is None else prf))
-        elif prf is not None and int(head_dim * prf) != rotary_dim:
+        elif prf is not None and int(head_dim * prf) != rotary_dim and prf != rotary_dim / head_dim:
+            # (prf == rotary_dim / head_dim: the factor stored below, whose product may round under the dim)
             raise ValueError(f"'rotary_dim'={rotary_dim} disagrees with partial_rotary_factor={prf} "
                              f"(head_dim {head_dim} -> {int(head_dim * prf)})")
         if prf is None and isinstance(rotary_dim, int) and not isinstance(rotary_dim, bool):

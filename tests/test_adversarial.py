@@ -1019,3 +1019,30 @@ def test_numpy_bools_are_bools():
     assert torch.equal(got, pn.apply_rope(q, inv_freq=inv_freq(16), interleaved=True)[0])
     with pytest.raises(TypeError, match="interleaved must be a bool, got int64"):
         pn.apply_rope(q, inv_freq=inv_freq(16), interleaved=np.int64(2))
+
+
+@pytest.mark.parametrize("entry", ["config", "mrope_section", "module"])
+def test_first_use_in_inference_mode_then_training(entry):
+    """The frequencies (and axis masks) kept across calls are ordinary tensors even when first made
+    under torch.inference_mode: a model evaluated there and then trained saved an inference tensor
+    for backward ("Inference tensors cannot be saved for backward")."""
+    cfg = pn.RopeConfig(head_dim=16, scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64})
+    g = torch.Generator().manual_seed(44)
+    q = torch.randn(2, 7, 3, 16, generator=g, dtype=torch.float64)
+    pos = torch.randint(0, 500, (2, 7), generator=g)
+    module = pn.RotaryEmbedding(cfg)
+    calls = {"config": lambda t: pn.apply_rope(t, None, pos, config=cfg)[0],
+             "mrope_section": lambda t: pn.apply_rope(t, None, pos, inv_freq=inv_freq(16), mrope_section=[2, 3, 3])[0],
+             "module": lambda t: module(t, None, pos)[0]}
+    with torch.inference_mode():
+        calls[entry](q)
+    leaf = q.clone().requires_grad_()
+    w = torch.randn(q.shape, generator=g, dtype=torch.float64)
+    (calls[entry](leaf) * w).sum().backward()
+    # linear in q: the gradient is the transposed rotation of w, the rotation by -angle
+    if entry == "mrope_section":
+        want = reference.apply_rope(w, None, pos, inv_freq=-inv_freq(16), mrope_section=[2, 3, 3])[0]
+    else:
+        att = cfg.attention_factor
+        want = reference.apply_rope(w, None, pos, inv_freq=-cfg.inv_freq(), attention_factor=att)[0]
+    assert rel_err(leaf.grad, want) <= 1e-12

@@ -227,6 +227,23 @@ def test_compiled_patched_model_matches_unpatched(kind):
     _assert_close_logits(got, want)
 
 
+@pytest.mark.parametrize("kind, dynamic", [("gemma3", True), ("llama-dynamic", None), ("phi3-longrope", None)])
+def test_compiled_patched_model_with_graph_breaks_matches_unpatched(kind, dynamic):
+    """Compiled without fullgraph (dynamic sizes, dynamic NTK's host read of the length, LongRoPE's
+    two regimes in one graph): the frames resumed after a graph break rebuild the handle and its
+    frequencies (they failed: "posenc_inv_freq_0 not in co_names", two constants of one name), and
+    the logits are the unpatched model's, at lengths on both sides of each scheme's switch."""
+    model = _model(kind)
+    ref = copy.deepcopy(model)
+    hfi.patch(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, dynamic=dynamic)
+    with torch.no_grad():
+        for n in (30, 70):
+            ids = _ids(2, n, seed=n)
+            _assert_close_logits(compiled(input_ids=ids).logits, _logits(ref, ids))
+
+
 def test_no_cos_sin_and_no_transformers_rotation():
     """The patched forward builds no cos/sin tensors and never runs transformers' rotation math."""
     from transformers.models.llama import modeling_llama as ml

@@ -29,6 +29,13 @@ def plain_context() -> bool:
     return not any(active() for active in MODES_ACTIVE)
 
 
+def for_the_cache():
+    """Where a tensor to be kept across calls is made: outside inference mode, so that it is an
+    ordinary tensor even when first needed there (an inference tensor cannot be saved for backward
+    or written in place later, when training follows an inference_mode evaluation)."""
+    return torch.inference_mode(False)
+
+
 _tracing_state = torch._C._get_tracing_state
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _NN_MODULE_FILE = torch.nn.modules.module.__file__

@@ -17,7 +17,8 @@ from ._functorch import check_copyable as _check_copyable, check_writable_apart 
 from ._functorch import transforms_active as _functorch_active
 from ._checks import check_bool as _check_bool, check_float as _check_float, check_int as _check_int
 from ._checks import check_tensor as _check_tensor
-from ._contexts import MODES_ACTIVE, is_traced_int, plain_context, static_int, traced_int, tracing, untraced
+from ._contexts import MODES_ACTIVE, for_the_cache, is_traced_int, plain_context, static_int, traced_int, tracing
+from ._contexts import untraced
 from ._contexts import warn_trace_keeps
 from ._forward_ad import make_dual as _make_dual, refuse_tangents as _refuse_tangents
 from ._forward_ad import tangents as _tangents, through_linear as _through_linear
@@ -201,7 +202,7 @@ def _empty_k_reused(q: torch.Tensor, layout: str) -> torch.Tensor:
     if k is None:
         if len(_EMPTY_KS) >= 64:
             _EMPTY_KS.clear()
-        with torch.inference_mode(False):
+        with for_the_cache():
             k = _EMPTY_KS[key] = _empty_k(q, layout)
     return k
 
@@ -277,7 +278,7 @@ def _cached_axis_mask(section: tuple, interleaved: bool, device: torch.device) -
     plain = not torch.compiler.is_compiling() and plain_context()
     mask = _AXIS_MASKS.get(key) if plain else None
     if mask is None:
-        with untraced():  # a constant of a jit trace, as RopeConfig's frequencies
+        with untraced(), for_the_cache():  # a constant of a jit trace, as RopeConfig's frequencies
             mask = axis_mask(mrope_pair_axes(section, interleaved), len(section), device)
         if plain:
             masks = {} if len(_AXIS_MASKS) >= 64 else dict(_AXIS_MASKS)

@@ -1,7 +1,6 @@
 """RopeConfig: what decides the rotary frequencies of one attention layer, and their caches."""
 from __future__ import annotations
 
-import itertools
 import math
 import threading
 from dataclasses import dataclass, field
@@ -9,22 +8,9 @@ from typing import Any, Hashable, Mapping, Optional, Sequence, Union
 
 import torch
 
-from .._contexts import plain_context, untraced
+from .._contexts import for_the_cache, plain_context, untraced
 from .._rope_math import axis_inv_freq, axis_mask, mrope_pair_axes
 from .scheme import RopeScaling, scaling_from_dict, scheme_class
-
-
-_CONSTANT_NAMES = itertools.count()
-
-
-def _graph_constant(fn, name: str):
-    """``fn`` as a function named ``name`` that torch.compile calls at trace time, its result a constant."""
-    def constant(*args):
-        return fn(*args)
-
-    constant.__code__ = constant.__code__.replace(co_name=name)  # (the name dynamo reads)
-    constant.__name__ = constant.__qualname__ = name
-    return torch.compiler.assume_constant_result(constant)
 
 
 class DeviceFrequencies:
@@ -48,34 +34,28 @@ class DeviceFrequencies:
         # config whose frequencies do not depend on the sequence length: all the ops' decode fast
         # path reads of the config, in one attribute (csrc/python/direct.c, rope)
         self.cpu_plain: Optional[tuple] = None
-        # What torch.compile runs once, at trace time, and records as graph constants: dynamo names a
-        # constant after its function, and two constants of one name in a graph fail in inductor
-        # ("source ConstantSource(source_name='get') already in seen_sources": a model with two
-        # configs), so each config gets functions of its own names.
-        n = next(_CONSTANT_NAMES)
-        self._constant = _graph_constant(self._lookup, f"posenc_inv_freq_{n}")
-        self._constant_regimes = _graph_constant(self._regimes, f"posenc_inv_freq_{n}_regimes")
 
     def get(self, device: torch.device, seq_len: Optional[int], axes: bool = False) -> torch.Tensor:
-        """``axes``: the ops' form of an axis layout (``RopeConfig.op_inv_freq_on``)."""
-        return self._constant(device, seq_len, axes) if torch.compiler.is_compiling() else self._lookup(device, seq_len, axes)
+        """``axes``: the ops' form of an axis layout (``RopeConfig.op_inv_freq_on``).
 
-    def regimes(self, device: torch.device) -> torch.Tensor:
-        """The frequencies of each of the scheme's regimes (``RopeScaling.regime_lengths``), stacked
-        ``[regimes, pairs]``: one graph constant."""
-        return self._constant_regimes(device) if torch.compiler.is_compiling() else self._regimes(device)
-
-    def _regimes(self, device: torch.device) -> torch.Tensor:
-        cfg = self._config  # (lengths read here, not passed: dynamic=True makes a caller's ints symbols)
-        return torch.stack([self._lookup(device, n, False) for n in cfg.scaling.regime_lengths(cfg)])
-
-    def _lookup(self, device: torch.device, seq_len: Optional[int], axes: bool) -> torch.Tensor:
+        Traced by torch.compile / torch.export: a cached tensor enters the graph as a constant input
+        (guarded on the cache; read from the config object wherever the graph breaks); one not
+        cached yet is computed in the graph, and the first eager call caches it (a recompile then
+        reads it). No assume_constant_result: inductor refused two such constants of one function in
+        a graph (two configs; LongRoPE's two regimes), and a frame resumed after a graph break could
+        not reload one."""
         cfg = self._config
         key = (device, cfg.scaling.regime(cfg, seq_len) if cfg.needs_seq_len else None, axes)
         t = self._entries.get(key)
         if t is None:
-            t = self._fill(key, device, seq_len, axes)
+            t = self._compute(device, seq_len, axes) if torch.compiler.is_compiling() else self._fill(key, device, seq_len, axes)
         return t
+
+    def regimes(self, device: torch.device) -> torch.Tensor:
+        """The frequencies of each of the scheme's regimes (``RopeScaling.regime_lengths``), stacked
+        ``[regimes, pairs]``."""
+        cfg = self._config
+        return torch.stack([self.get(device, n) for n in cfg.scaling.regime_lengths(cfg)])
 
     def _fill(self, key: Hashable, device: torch.device, seq_len: Optional[int], axes: bool) -> torch.Tensor:
         if not plain_context():  # a FakeTensor or a transform's wrapper must not outlive its context
@@ -95,9 +75,12 @@ class DeviceFrequencies:
             return t
 
     def _make(self, device: torch.device, seq_len: Optional[int], axes: bool) -> torch.Tensor:
+        with untraced(), for_the_cache():  # (jit.trace: a constant, the same for every trace that reads the cache)
+            return self._compute(device, seq_len, axes)
+
+    def _compute(self, device: torch.device, seq_len: Optional[int], axes: bool) -> torch.Tensor:
         cfg = self._config
-        with untraced():  # under torch.jit.trace a constant, the same for every trace that reads the cache
-            return (cfg.op_inv_freq(seq_len) if axes else cfg.inv_freq(seq_len)).to(device)
+        return (cfg.op_inv_freq(seq_len) if axes else cfg.inv_freq(seq_len)).to(device)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
+from ..._contexts import for_the_cache
 from ..._rope_math import cos_sin_from_angles, rope_angles, seq_len_from_positions
 from ...config import RopeConfig
 from ... import ops
@@ -301,7 +302,8 @@ class AxisTableRegime:
     def _table_on(self, device: torch.device) -> torch.Tensor:
         table = self._on.get(device)
         if table is None:
-            table = self.table.to(device)
+            with for_the_cache():
+                table = self.table.to(device)
             self._on = {**self._on, device: table}
         return table
 

@@ -244,6 +244,20 @@ def test_compiled_patched_model_with_graph_breaks_matches_unpatched(kind, dynami
             _assert_close_logits(compiled(input_ids=ids).logits, _logits(ref, ids))
 
 
+def test_fractional_position_ids_refused_naming_the_remedy():
+    """transformers takes float position_ids (fractional positions); the fused rotation takes integer
+    ones: refused with the integration's message (unpatch), not the op's dtype error. Integer ids
+    given as such still match the unpatched model."""
+    model = _model("llama")
+    ref = copy.deepcopy(model)
+    hfi.patch(model)
+    ids = _ids(2, 9, seed=4)
+    pos = torch.arange(9)[None].expand(2, 9) + 3
+    with pytest.raises(hfi.UnsupportedModelError, match="floating-point position_ids.*unpatch the model"):
+        _logits(model, ids, position_ids=pos.float() + 0.5)
+    _assert_close_logits(_logits(model, ids, position_ids=pos), _logits(ref, ids, position_ids=pos))
+
+
 def test_no_cos_sin_and_no_transformers_rotation():
     """The patched forward builds no cos/sin tensors and never runs transformers' rotation math."""
     from transformers.models.llama import modeling_llama as ml

@@ -28,6 +28,13 @@ class UnsupportedModelError(NotImplementedError, ValueError):
     equality; the message names the reason."""
 
 
+def _integer(position_ids: torch.Tensor) -> torch.Tensor:
+    if position_ids.is_floating_point():
+        raise UnsupportedModelError(f"{_ERR}: the patched rotary embedding was given floating-point position_ids; "
+                                    "the fused rotation takes integer positions (unpatch the model)")
+    return position_ids
+
+
 class RotaryPositions:
     """Positions and frequencies of one forward pass: what a patched model passes where transformers
     passes ``(cos, sin)``. The rotation itself happens in :meth:`rotate` (one fused kernel)."""
@@ -281,7 +288,7 @@ class AxisTableRegime:
         """``position_ids``: ``[N, A]`` (``axis_last``), else as :meth:`PosencRotaryEmbedding.forward`
         normalised them (``[A, B, S]`` or ``[B, S]``: every axis alike)."""
         if not self.axis_last:
-            return RotaryPositions(self._integer(position_ids), self._table_on(device), self.attention_factor,
+            return RotaryPositions(_integer(position_ids), self._table_on(device), self.attention_factor,
                                    self.interleaved, self.routes, self.pair_axes)
         if not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2 or position_ids.shape[-1] != self.num_axes:
             shape = tuple(position_ids.shape) if isinstance(position_ids, torch.Tensor) else None
@@ -289,15 +296,8 @@ class AxisTableRegime:
                 f"{_ERR}: position_ids of shape {shape} do not match the patched axial rotary "
                 f"embedding: expected [tokens, {self.num_axes}] (one column per axis), as at patch time")
         # [A, 1, N]: one row per axis, one sequence that every batch row of q shares
-        return RotaryPositions(self._integer(position_ids).t().unsqueeze(1), self._table_on(device),
+        return RotaryPositions(_integer(position_ids).t().unsqueeze(1), self._table_on(device),
                                self.attention_factor, self.interleaved, self.routes, self.pair_axes)
-
-    @staticmethod
-    def _integer(position_ids: torch.Tensor) -> torch.Tensor:
-        if position_ids.is_floating_point():
-            raise UnsupportedModelError(f"{_ERR}: the patched rotary embedding was given floating-point position_ids; "
-                                        "the fused rotation takes integer positions (unpatch the model)")
-        return position_ids
 
     def _table_on(self, device: torch.device) -> torch.Tensor:
         table = self._on.get(device)
@@ -352,7 +352,9 @@ class PosencRotaryEmbedding(nn.Module):
             return handle, handle
         if position_ids is None:
             position_ids = torch.arange(x.shape[1], device=x.device)[None]
-        elif position_ids.dim() > 2:
+        else:
+            position_ids = _integer(position_ids)  # (the op's own error would not say to unpatch)
+        if position_ids.dim() > 2:
             axes = regime.num_axes
             if axes == 1 or position_ids.dim() != 3 or position_ids.shape[0] not in (1, axes):
                 raise UnsupportedModelError(

@@ -27,7 +27,7 @@ towers' axial rotaries need no entry either: their layout is read from the modul
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
@@ -60,13 +60,6 @@ class Pairing:
     inverse: bool = False  # turns by -angle (a rotate_half with the signs flipped: NanoChat)
     q_trailing: bool = False
     layouts: Optional[tuple[tuple[tuple[int, Optional[int]], str], ...]] = None
-    # nothing to decide per call but the pairing (rotations.make_wrapper's common call); a field, read
-    # under torch.compile too (functools.cached_property takes a lock there, which dynamo cannot enter)
-    plain: bool = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "plain", not (self.deinterleave or self.rotary_only or self.layout
-                                               or self.q_trailing or self.layouts))
 
 
 PAIRINGS = (

@@ -65,17 +65,8 @@ def make_wrapper(original: Callable, spec: RotationSpec, key: tuple[str, str]) -
     def arg(args, kwargs, i, default=None):
         return args[i] if len(args) > i else kwargs.get(params[i], default)
 
-    qk = spec.kind == "qk"
-
     @functools.wraps(original, updated=())  # (a function module's __dict__ is its module state)
     def wrapper(*args, **kwargs):
-        if qk and len(args) == 4 and not kwargs and type(args[2]) is RotaryPositions:
-            # the attention forwards' call, f(q, k, cos, sin): [B, H, S, D], nothing to decide but
-            # the pairing (a decode step runs this once per layer)
-            h = args[2]
-            pairing = h.routes.get(key)
-            if pairing is not None and pairing.plain:
-                return h.rotate(args[0], args[1], "bhsd", pairing.interleaved, pairing.inverse)
         h = args[hi] if len(args) > hi else kwargs.get(hname)
         if spec.kind == "gptj":  # the handle, or (transformers < 5.24) the stand-in for GPT-J's table holding it
             h = getattr(h, "_posenc_rotary", h)

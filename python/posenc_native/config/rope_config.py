@@ -45,17 +45,27 @@ class DeviceFrequencies:
         a graph (two configs; LongRoPE's two regimes), and a frame resumed after a graph break could
         not reload one."""
         cfg = self._config
-        key = (device, cfg.scaling.regime(cfg, seq_len) if cfg.needs_seq_len else None, axes)
-        t = self._entries.get(key)
-        if t is None:
-            t = self._compute(device, seq_len, axes) if torch.compiler.is_compiling() else self._fill(key, device, seq_len, axes)
-        return t
+        if cfg.needs_seq_len and torch.compiler.is_compiling():
+            # compiled code's length may be a symbol (dynamic sizes, an int that changed between
+            # calls): the graph computes the frequencies from it (a symbolic float64 base failed in
+            # torch 2.11's inductor)
+            length = torch.full((), 0 if seq_len is None else seq_len, dtype=torch.int64, device=device)
+            return cfg.op_inv_freq_of_length(length, device) if axes else cfg.scaling.inv_freq_of_length(cfg, length, device)
+        return self._cached(device, seq_len, axes)
 
     def regimes(self, device: torch.device) -> torch.Tensor:
         """The frequencies of each of the scheme's regimes (``RopeScaling.regime_lengths``), stacked
         ``[regimes, pairs]``."""
         cfg = self._config
-        return torch.stack([self.get(device, n) for n in cfg.scaling.regime_lengths(cfg)])
+        return torch.stack([self._cached(device, n, False) for n in cfg.scaling.regime_lengths(cfg)])
+
+    def _cached(self, device: torch.device, seq_len: Optional[int], axes: bool) -> torch.Tensor:
+        cfg = self._config
+        key = (device, cfg.scaling.regime(cfg, seq_len) if cfg.needs_seq_len else None, axes)
+        t = self._entries.get(key)
+        if t is None:
+            t = self._compute(device, seq_len, axes) if torch.compiler.is_compiling() else self._fill(key, device, seq_len, axes)
+        return t
 
     def _fill(self, key: Hashable, device: torch.device, seq_len: Optional[int], axes: bool) -> torch.Tensor:
         if not plain_context():  # a FakeTensor or a transform's wrapper must not outlive its context

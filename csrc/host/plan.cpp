@@ -535,7 +535,8 @@ void finish_rope(const char* op, RopeStart& s, const Tensor& q, const Tensor& k,
   p.copy_passthrough = !s.in_place && p.rot_dim < p.head_dim;
   fill_operand(p.q, s.in.q, q, s.in_place ? q : *dst_q, layout, op, "q");
   fill_operand(p.k, s.in.k, k, s.in_place ? k : *dst_k, layout, op, "k");
-  if (p.batch * p.seq > 0 && p.head_dim > 0) backend.rope(p, dtype_of(q));
+  // (no head in q or k: nothing to rotate, so no angle is formed; CPU positions were checked above)
+  if (p.batch * p.seq > 0 && p.head_dim > 0 && p.q.heads + p.k.heads > 0) backend.rope(p, dtype_of(q));
 }
 
 // Validates, then rotates by frequencies into (dst_q, dst_k): fresh outputs, or q and k in place.

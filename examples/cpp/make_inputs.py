@@ -141,6 +141,8 @@ def main(argv=None) -> int:
                                                 inv_freq=demo.inv_freq)
         expected["api.rope_q"] = api_q
         expected["api.rope_k"] = api_k
+        expected["api.rope_q_default_positions"] = posenc_native.apply_rope(inputs["q"], inputs["k"],
+                                                                            inv_freq=demo.inv_freq)[0]
         expected["api.table"] = posenc_native.sinusoidal_table(inputs["positions"], D_MODEL)
         expected["api.t5_bias"] = posenc_native.relative_position_bias(inputs["t5_weight"], 3, 24, bidirectional=False,
                                                                        query_offset=21)

@@ -78,6 +78,7 @@ int main(int argc, char** argv) {
     auto [rq, rk] = posenc::apply_rope(q, k, positions, inv_freq);
     out.insert("api.rope_q", rq);
     out.insert("api.rope_k", rk);
+    out.insert("api.rope_q_default_positions", std::get<0>(posenc::apply_rope(q, k, at::Tensor(), inv_freq)));
     out.insert("api.table", posenc::sinusoidal_table(positions, x.size(-1)));
     // Relative position biases: T5 (decoder-style, a query after 20 cached tokens) and ALiBi.
     out.insert("api.t5_bias", posenc::relative_position_bias(get(inputs, "t5_weight"), 3, 24, false, 128, 21));

@@ -56,7 +56,8 @@ inline at::Tensor add_sinusoidal(const at::Tensor& x, const at::Tensor& position
   return op.call(x, positions, x_scale, base, interleaved, freq_shift, angle_scale, cos_first);
 }
 
-// Rotates q and k ([B,S,H,D] for "bshd") by position * inv_freq, times attention_factor. Multi-axis
+// Rotates q and k ([B,S,H,D] for "bshd") by position * inv_freq, times attention_factor; an
+// undefined positions tensor (at::Tensor()) means positions 0 .. S-1 of every row. Multi-axis
 // RoPE (MRoPE, axial): inv_freq [A, rotary_dim/2] with pair i's frequency in row axis(i) (zeros
 // elsewhere) and positions [A, B, S]; see docs/architecture.md, "Multi-axis positions".
 inline std::tuple<at::Tensor, at::Tensor> apply_rope(const at::Tensor& q, const at::Tensor& k,
@@ -69,8 +70,8 @@ inline std::tuple<at::Tensor, at::Tensor> apply_rope(const at::Tensor& q, const 
                                                     const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
                                                     const at::Tensor&, double, bool, c10::string_view, c10::SymInt,
                                                     bool)>();
-  return op.call(q, k, positions, std::nullopt, inv_freq, attention_factor, interleaved, layout, c10::SymInt(0),
-                 false);
+  const std::optional<at::Tensor> given = positions.defined() ? std::optional<at::Tensor>(positions) : std::nullopt;
+  return op.call(q, k, given, std::nullopt, inv_freq, attention_factor, interleaved, layout, c10::SymInt(0), false);
 }
 
 // Relative position biases, [1, heads, query_length, key_length]; query i sits at i + query_offset,

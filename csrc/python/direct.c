@@ -168,7 +168,9 @@ static int last_dim_is(PyObject* t, int64_t n) {
  * an in-place op), or None with nothing written when the op refuses the arguments; NULL on an
  * error that is not the op's refusal. *ran says whether the kernel ran. Bit i of floating says
  * args[i] is a floating-point tensor that may be a negative view (positions are integers, and the
- * config's cached frequencies are the package's own): those are checked. */
+ * config's cached frequencies are the package's own): those are checked, and past q and k (checked
+ * by nothing_intercepts) declined when they require grad (frequencies, cos/sin: the general path
+ * refuses them, rather than drop their gradient). */
 #define MAX_ARGS 12
 static PyObject* run(int op, PyObject* const* args, Py_ssize_t n, unsigned floating, int64_t q_last_dim, int* ran) {
   *ran = 0;
@@ -180,6 +182,8 @@ static PyObject* run(int op, PyObject* const* args, Py_ssize_t n, unsigned float
     if (floating & (1u << i) && a[i].tag == POSENC_ARG_TENSOR) {
       const int negative = is_negative_view(args[i]);
       if (negative != 0) return negative < 0 ? NULL : Py_NewRef(Py_None);
+      const int wants_grad = i >= 2 ? attr_true(args[i], s_requires_grad) : 0;
+      if (wants_grad != 0) return wants_grad < 0 ? NULL : Py_NewRef(Py_None);
     }
   }
   if (fp.direct[op] != NULL) {
@@ -395,8 +399,13 @@ static PyObject* module_call(PyObject* self, PyObject* const* args, Py_ssize_t n
   if (plain && forward_args[3] == NULL) goto done; /* no memory */
   if (plain) {
     int r = plain_module_call(self, &dict, &config, &layout);
+    if (r != 1) config = layout = NULL; /* (borrowed, or not found: not ours to release) */
     if (r < 0) goto done;
     if (r == 1) {
+      /* held for the call: rope_fast may run Python (a q-only call's empty k), and another thread
+       * could then rebind module.config or module.layout, freeing the borrowed objects */
+      Py_INCREF(config);
+      Py_INCREF(layout);
       PyObject* a[14] = {Py_False, forward_args[0], forward_args[1], forward_args[2], config, Py_None, Py_None,
                          Py_None, layout, forward_args[3], forward_args[4], Py_None, Py_None, Py_False};
       if ((result = rope_fast(a)) != Py_None) goto done;
@@ -407,6 +416,8 @@ static PyObject* module_call(PyObject* self, PyObject* const* args, Py_ssize_t n
   if (call != NULL) result = call_with_keywords(call, self, args, nargs, kwnames);
   Py_XDECREF(call);
 done:
+  Py_XDECREF(config);
+  Py_XDECREF(layout);
   Py_XDECREF(dict);
   Py_XDECREF(zero);
   return result;

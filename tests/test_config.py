@@ -411,6 +411,9 @@ def test_linear_dynamic_formulas():
         base2 = 1e4 * (f * s / big_l - (f - 1)) ** (d / (d - 2))
         _close(dyn.inv_freq(seq_len), _default_list(base2, d))
     assert torch.equal(dyn.inv_freq(100), dyn.default_inv_freq())
+    for seq_len in (10, 10000):  # a 0-d tensor length (what compiled code passes) read as its int in eager
+        base2 = 1e4 * (f * max(seq_len, big_l) / big_l - (f - 1)) ** (d / (d - 2))
+        _close(dyn.op_inv_freq_on("cpu", torch.tensor(seq_len)), _default_list(base2, d))
 
 
 def test_longrope_formulas():

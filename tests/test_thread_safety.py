@@ -7,6 +7,7 @@ while others read them. Every result is compared with the float64 reference on f
 from __future__ import annotations
 
 import copy
+import os
 import pickle
 import sys
 import threading
@@ -209,3 +210,55 @@ def test_config_path_compiles_once_without_graph_breaks(scheme, _fresh_dynamo):
         if cache_len == 6:
             compiles = counter.frame_count
     assert counter.frame_count == compiles
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_while_a_lock_is_held_does_not_hang():
+    """A child forked while a thread of the parent holds one of the package's locks (a shared
+    config's frequency cache being filled, a patched dynamic NTK update) gets the lock anew: it hung
+    forever on its first new regime. Its result is the reference's."""
+    cfg = RopeConfig(head_dim=64, max_position_embeddings=16, scaling={"rope_type": "dynamic", "factor": 2.0})
+    lock = cfg._frequencies._lock
+    held, release = threading.Event(), threading.Event()
+
+    def holder():
+        with lock:
+            held.set()
+            release.wait(30)
+    thread = threading.Thread(target=holder)
+    thread.start()
+    held.wait(30)
+    q = torch.randn(1, 1, 2, 64, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    want = reference.apply_rope(q, None, None, cfg, offset=1000)[0]
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: a new regime (sequence length 1001) fills the cache under the lock
+            got = pn.apply_rope(q, None, config=cfg, offset=1000)[0]
+            os._exit(0 if torch.allclose(got, want, atol=1e-12, rtol=0) else 3)
+        deadline = time.monotonic() + 60
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if done[0] == 0:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung on a lock its parent's thread held")
+        assert os.waitstatus_to_exitcode(done[1]) == 0
+    finally:
+        release.set()
+        thread.join()
+
+
+def test_a_config_is_freed_by_reference_counting():
+    """No reference cycle between a config and its frequency cache: a config is freed when its last
+    reference goes, without the cycle collector (20000 short-lived configs with gc off held 180 MiB)."""
+    import gc
+    import weakref
+    cfg = RopeConfig(head_dim=64)
+    cfg.inv_freq_on("cpu")  # (the cache filled)
+    ref = weakref.ref(cfg)
+    gc.disable()
+    try:
+        del cfg
+        assert ref() is None
+    finally:
+        gc.enable()

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import math
-import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Mapping, Optional, Sequence, Union
 
 import torch
 
 from .._contexts import for_the_cache, plain_context, untraced
+from .._locks import ForkSafeLock
 from .._rope_math import axis_inv_freq, axis_mask, mrope_pair_axes
 from .scheme import RopeScaling, scaling_from_dict, scheme_class
 
@@ -27,16 +28,17 @@ class DeviceFrequencies:
     MAX_ENTRIES = 16
 
     def __init__(self, config: "RopeConfig") -> None:
-        self._config = config
+        self._config = weakref.ref(config)  # (owned by the config: no reference cycle)
         self._entries: dict = {}
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()
         # (inv_freq, attention_factor, interleaved, head_dim) on the CPU once cached there, for a
         # config whose frequencies do not depend on the sequence length: all the ops' decode fast
         # path reads of the config, in one attribute (csrc/python/direct.c, rope)
         self.cpu_plain: Optional[tuple] = None
 
-    def get(self, device: torch.device, seq_len: Optional[int], axes: bool = False) -> torch.Tensor:
-        """``axes``: the ops' form of an axis layout (``RopeConfig.op_inv_freq_on``).
+    def get(self, device: torch.device, seq_len: Union[int, torch.Tensor, None], axes: bool = False) -> torch.Tensor:
+        """``axes``: the ops' form of an axis layout (``RopeConfig.op_inv_freq_on``). ``seq_len``: an
+        int, or under torch.compile a 0-d int64 tensor (a length that is data: positions' maximum).
 
         Traced by torch.compile / torch.export: a cached tensor enters the graph as a constant input
         (guarded on the cache; read from the config object wherever the graph breaks); one not
@@ -44,23 +46,24 @@ class DeviceFrequencies:
         reads it). No assume_constant_result: inductor refused two such constants of one function in
         a graph (two configs; LongRoPE's two regimes), and a frame resumed after a graph break could
         not reload one."""
-        cfg = self._config
+        cfg = self._config()
         if cfg.needs_seq_len and torch.compiler.is_compiling():
             # compiled code's length may be a symbol (dynamic sizes, an int that changed between
             # calls): the graph computes the frequencies from it (a symbolic float64 base failed in
             # torch 2.11's inductor)
-            length = torch.full((), 0 if seq_len is None else seq_len, dtype=torch.int64, device=device)
+            length = seq_len if isinstance(seq_len, torch.Tensor) else \
+                torch.full((), 0 if seq_len is None else seq_len, dtype=torch.int64, device=device)
             return cfg.op_inv_freq_of_length(length, device) if axes else cfg.scaling.inv_freq_of_length(cfg, length, device)
         return self._cached(device, seq_len, axes)
 
     def regimes(self, device: torch.device) -> torch.Tensor:
         """The frequencies of each of the scheme's regimes (``RopeScaling.regime_lengths``), stacked
         ``[regimes, pairs]``."""
-        cfg = self._config
+        cfg = self._config()
         return torch.stack([self._cached(device, n, False) for n in cfg.scaling.regime_lengths(cfg)])
 
     def _cached(self, device: torch.device, seq_len: Optional[int], axes: bool) -> torch.Tensor:
-        cfg = self._config
+        cfg = self._config()
         key = (device, cfg.scaling.regime(cfg, seq_len) if cfg.needs_seq_len else None, axes)
         t = self._entries.get(key)
         if t is None:
@@ -77,7 +80,7 @@ class DeviceFrequencies:
                 entries = {} if len(self._entries) >= self.MAX_ENTRIES else dict(self._entries)
                 entries[key] = t
                 self._entries = entries
-                cfg = self._config
+                cfg = self._config()
                 # (the ops' form only: an axis layout's 2-D frequencies, not its 1-D inv_freq_on)
                 if (device.type == "cpu" and device.index is None and not cfg.needs_seq_len
                         and axes == (cfg._pair_axes is not None)):
@@ -89,7 +92,7 @@ class DeviceFrequencies:
             return self._compute(device, seq_len, axes)
 
     def _compute(self, device: torch.device, seq_len: Optional[int], axes: bool) -> torch.Tensor:
-        cfg = self._config
+        cfg = self._config()
         return (cfg.op_inv_freq(seq_len) if axes else cfg.inv_freq(seq_len)).to(device)
 
 
@@ -269,7 +272,7 @@ class RopeConfig:
         for dynamic NTK (``s = max(seq_len, L)``) and LongRoPE (long factors past the original
         context); other types ignore it.
         """
-        if seq_len is not None and (isinstance(seq_len, bool) or int(seq_len) < 0):
+        if seq_len is not None and not isinstance(seq_len, torch.Tensor) and (isinstance(seq_len, bool) or int(seq_len) < 0):
             raise ValueError(f"'seq_len' must be an int >= 0, got {seq_len!r}")
         out = self.scaling.compute_inv_freq(self, None if seq_len is None else int(seq_len))
         return out.to(torch.float64).contiguous()
@@ -292,10 +295,14 @@ class RopeConfig:
         t = self.inv_freq(seq_len)
         return t if self._pair_axes is None else axis_inv_freq(t, axis_mask(self._pair_axes, self.num_axes))
 
-    def op_inv_freq_on(self, device: Union[torch.device, str, None] = None, seq_len: Optional[int] = None
-                       ) -> torch.Tensor:
-        """:meth:`op_inv_freq` on ``device``, cached like :meth:`inv_freq_on` (shared: do not modify it)."""
-        if seq_len is not None and (isinstance(seq_len, bool) or int(seq_len) < 0):
+    def op_inv_freq_on(self, device: Union[torch.device, str, None] = None,
+                       seq_len: Union[int, torch.Tensor, None] = None) -> torch.Tensor:
+        """:meth:`op_inv_freq` on ``device``, cached like :meth:`inv_freq_on` (shared: do not modify it).
+        ``seq_len`` may be a 0-d integer tensor: compiled code follows it in the graph."""
+        if isinstance(seq_len, torch.Tensor):
+            if not torch.compiler.is_compiling():
+                seq_len = int(seq_len)
+        elif seq_len is not None and (isinstance(seq_len, bool) or int(seq_len) < 0):
             raise ValueError(f"'seq_len' must be an int >= 0, got {seq_len!r}")
         dev = device if isinstance(device, torch.device) else torch.device("cpu" if device is None else device)
         return self._frequencies.get(dev, seq_len, self._pair_axes is not None)
@@ -319,7 +326,7 @@ class RopeConfig:
         """:meth:`inv_freq` on ``device`` (default CPU), float64, computed once per device and
         regime (the LongRoPE short/long choice, the dynamic NTK length) and shared by every caller,
         thread-safe. Treat it as read-only."""
-        if seq_len is not None and (isinstance(seq_len, bool) or int(seq_len) < 0):
+        if seq_len is not None and not isinstance(seq_len, torch.Tensor) and (isinstance(seq_len, bool) or int(seq_len) < 0):
             raise ValueError(f"'seq_len' must be an int >= 0, got {seq_len!r}")
         dev = device if isinstance(device, torch.device) else torch.device("cpu" if device is None else device)
         return self._frequencies.get(dev, seq_len)

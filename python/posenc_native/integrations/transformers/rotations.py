@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-import threading
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -23,6 +22,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
+from ..._locks import ForkSafeLock
 from .runtime import _ERR, RotaryPositions, UnsupportedModelError
 
 _LAYOUTS = {1: "bhsd", 2: "bshd"}
@@ -138,7 +138,7 @@ def signature_params(fn: Callable) -> tuple[str, ...]:
 # --------------------------------------------------------------------------------------------
 # Reference-counted installation
 
-_LOCK = threading.RLock()
+_LOCK = ForkSafeLock(reentrant=True)
 _MISSING = object()
 
 

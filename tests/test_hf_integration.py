@@ -256,6 +256,24 @@ def test_fractional_position_ids_refused_naming_the_remedy():
     with pytest.raises(hfi.UnsupportedModelError, match="floating-point position_ids.*unpatch the model"):
         _logits(model, ids, position_ids=pos.float() + 0.5)
     _assert_close_logits(_logits(model, ids, position_ids=pos), _logits(ref, ids, position_ids=pos))
+    for dtype in (torch.int16, torch.uint8, torch.int32):  # narrow integers, which the unpatched model takes too
+        _assert_close_logits(_logits(model, ids, position_ids=pos.to(dtype)), _logits(ref, ids, position_ids=pos))
+
+
+def test_patching_a_compiled_model_patches_the_model_it_holds():
+    """patch(torch.compile(model)) patches the model itself, where its record lives: the wrapper and
+    the model agree on is_patched, either unpatches it (unpatch(model) said 'not patched by posenc')."""
+    model = _model("llama")
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="eager")
+    assert hfi.patch(compiled) is compiled
+    assert hfi.is_patched(model) and hfi.is_patched(compiled)
+    assert "swap" in hfi.describe(model) and hfi.check(compiled) is None
+    ids = _ids(2, 9, seed=6)
+    _assert_close_logits(_logits(compiled, ids), _logits(ref, ids))
+    assert hfi.unpatch(model) is model
+    assert not hfi.is_patched(compiled)
+    assert torch.equal(_logits(model, ids), _logits(ref, ids))
 
 
 def test_no_cos_sin_and_no_transformers_rotation():
@@ -528,6 +546,18 @@ def test_rotary_module_with_learned_state_is_refused(as_parameter):
     with torch.no_grad():  # what a patch would have missed: alpha moves the model's outputs
         model.model.rotary_emb.alpha.add_(torch.rand(model.model.rotary_emb.alpha.shape, generator=torch.Generator().manual_seed(2)))
     assert (_logits(model, ids) - before).abs().max() > 100 * LOGIT_ATOL
+
+
+@pytest.mark.parametrize("theta", [10020.0, 10050.0, 11000.0])
+def test_a_float32_model_whose_config_disagrees_slightly_is_refused(theta):
+    """A float32 model whose config's rope_theta is not the one its rotary module was built with: off
+    by under 2^-7, as 16-bit rounding would be, but its frequencies are float32 values, so no rounding
+    explains them. patch() refuses (it patched, and followed the config: logits 1.04 off)."""
+    model = _model("llama")
+    model.config.rope_parameters["rope_theta"] = theta
+    assert "disagree with the model's own rotary embedding" in hfi.check(model)
+    with pytest.raises(ValueError, match="disagree with the model's own rotary embedding"):
+        hfi.patch(model)
 
 
 @pytest.mark.parametrize("kind", ["llama", "gptj-full", "llama-dynamic", "phi3-longrope"])
@@ -1177,3 +1207,41 @@ def test_row_selection_refuses_a_method_that_does_more():
     for method in (lambda t: t * 2, lambda t: t + 1, lambda t: t.flip(0).cumsum(0)):
         with pytest.raises(hfi.UnsupportedModelError, match="more to cos/sin than select rows"):
             RowSelection(method)(handle)
+
+
+def test_a_rotary_width_the_config_does_not_give_is_an_unsupported_model():
+    """Llama with partial_rotary_factor in rope_parameters (its module ignores it and rotates all of
+    head_dim): refused as an unsupported model (the integration's error type), not a bare ValueError."""
+    config = _config("llama")
+    config.rope_parameters = dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    if RopeConfig.from_hf(config).rotary_dim == config.head_dim:
+        pytest.skip("RopeConfig.from_hf ignores partial_rotary_factor for Llama here")
+    with pytest.raises(hfi.UnsupportedModelError, match="gives rotary_dim"):
+        hfi.patch(model)
+
+
+def test_patched_state_dict_keeps_the_unpatched_keys(tmp_path):
+    """ESM's rotary module holds a persistent inv_freq buffer: the patched model's state_dict has the
+    unpatched model's keys (it had them under '.original.'), loads from and into an unpatched model
+    strictly, and save_pretrained writes a checkpoint the unpatched class loads with nothing missing."""
+    config = transformers.EsmConfig(vocab_size=33, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                    intermediate_size=128, position_embedding_type="rotary", pad_token_id=1,
+                                    mask_token_id=32, max_position_embeddings=256)
+    torch.manual_seed(0)
+    plain = transformers.EsmModel(config).eval()
+    patched = hfi.patch(copy.deepcopy(plain))
+    assert any(k.endswith("rotary_embeddings.inv_freq") for k in plain.state_dict())
+    assert list(patched.state_dict()) == list(plain.state_dict())
+    for dst, src in ((copy.deepcopy(patched), plain), (copy.deepcopy(plain), patched)):
+        dst.load_state_dict(src.state_dict())  # strict
+    pickle.loads(pickle.dumps(patched)).load_state_dict(plain.state_dict())
+    patched.save_pretrained(tmp_path)
+    reloaded, info = transformers.EsmModel.from_pretrained(tmp_path, output_loading_info=True)
+    assert not any(info.values()), info
+    ids = torch.randint(4, 30, (1, 12), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        want = plain(ids).last_hidden_state
+        torch.testing.assert_close(patched(ids).last_hidden_state, want, atol=LOGIT_ATOL, rtol=0)
+        assert torch.equal(reloaded.eval()(ids).last_hidden_state, want)

@@ -28,6 +28,7 @@ import contextlib
 import importlib
 from typing import Iterator, Optional
 
+import torch
 from torch import nn
 
 from . import verified
@@ -90,11 +91,20 @@ def _prepare(model: nn.Module, check: bool) -> PatchRecord:
     return record
 
 
+def _inner(model: nn.Module) -> nn.Module:
+    """The model a ``torch.compile(model)`` wrapper holds (the patch and its record live there, so that
+    the wrapper and the model itself agree on whether it is patched), else ``model``."""
+    while isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
+        model = model._orig_mod
+    return model
+
+
 def check(model: nn.Module) -> Optional[str]:
     """Why :func:`patch` would refuse ``model`` (``None`` when it would patch it). Changes nothing.
 
     Runs the same detection and proofs as :func:`patch`; ``describe(model)`` says what it would swap.
     """
+    model = _inner(model)
     if is_patched(model):
         return None
     delegate = _delegate(_model_type(model))
@@ -110,6 +120,7 @@ def check(model: nn.Module) -> Optional[str]:
 def describe(model: nn.Module) -> str:
     """What :func:`patch` swaps (or swapped) in ``model``: rotary modules, rotation functions, pairing,
     what it leaves alone and why. Raises like :func:`patch` when it would refuse."""
+    model = _inner(model)
     record = getattr(model, "__dict__", {}).get(RECORD_ATTR)
     return record.notes if record is not None else _prepare(model, True).notes
 
@@ -123,14 +134,17 @@ def patch(model: nn.Module, *, check: bool = True) -> nn.Module:
     attention factor from :meth:`RopeConfig.from_hf` are compared with the ones the model's own
     rotary code computed, and a disagreement raises ``ValueError``.
 
-    Returns ``model``, patched in place. Undo with :func:`unpatch`.
+    Returns ``model``, patched in place (a ``torch.compile`` wrapper: the model it holds). Undo with
+    :func:`unpatch`.
     """
+    given, model = model, _inner(model)
     model_type = _model_type(model)
     if getattr(model, RECORD_ATTR, None) is not None:
-        return model  # idempotent
+        return given  # idempotent
     delegate = _delegate(model_type)
     if delegate is not None:
-        return delegate.patch(model, check=check)
+        delegate.patch(model, check=check)
+        return given
     record = _prepare(model, check)
     try:
         record.apply(model)
@@ -138,7 +152,7 @@ def patch(model: nn.Module, *, check: bool = True) -> nn.Module:
         record.restore(model)
         raise
     model.__dict__[RECORD_ATTR] = record
-    return model
+    return given
 
 
 def unpatch(model: nn.Module) -> nn.Module:
@@ -146,19 +160,22 @@ def unpatch(model: nn.Module) -> nn.Module:
 
     Raises ``ValueError`` if the model is not patched.
     """
+    given, model = model, _inner(model)
     delegate = _delegate(getattr(getattr(model, "config", None), "model_type", None) or "")
     if delegate is not None:
-        return delegate.unpatch(model)
+        delegate.unpatch(model)
+        return given
     record = getattr(model, "__dict__", {}).get(RECORD_ATTR)
     if record is None:
         raise ValueError(f"{_ERR}.unpatch: this {type(model).__name__} is not patched by posenc")
     del model.__dict__[RECORD_ATTR]
     record.restore(model)
-    return model
+    return given
 
 
 def is_patched(model: nn.Module) -> bool:
     """Whether :func:`patch` was applied to ``model`` (and not undone)."""
+    model = _inner(model)
     delegate = _delegate(getattr(getattr(model, "config", None), "model_type", None) or "")
     if delegate is not None and hasattr(delegate, "is_patched"):
         return delegate.is_patched(model)

@@ -222,10 +222,20 @@ def _check_frequencies(what: str, ours: torch.Tensor, theirs: torch.Tensor, wher
 
 
 # A module's frequencies may be the config's rounded to a 16-bit float: model.to(torch.bfloat16) casts its
-# inv_freq buffer, and GPT-J computes its table's in the default dtype (bfloat16 when loaded so). Within two
-# bfloat16 ulps of the config's, they are taken for those, which the fused op then uses exactly (the
-# unpatched model's angles drift by up to that much of the position).
+# inv_freq buffer, and GPT-J computes its table's in the default dtype (bfloat16 when loaded so). Held in
+# 16 bits (_held_in_16_bits) and within two bfloat16 ulps of the config's, they are taken for those, which
+# the fused op then uses exactly (the unpatched model's angles drift by up to that much of the position).
 _ROUNDED_RTOL = 2.0 ** -7
+
+
+def _held_in_16_bits(theirs: torch.Tensor) -> bool:
+    """Whether the module's frequencies are 16-bit values, every one a bfloat16's (or every one a
+    float16's) up to float32 resolution (GPT-J's are read back from a float32 sin/cos table of
+    bfloat16 frequencies): only then can frequencies off the config's by up to 2^-7 be the config's
+    rounded. A float32 module so close to a config that disagrees with it (another rope_theta) is refused."""
+    values = theirs.detach().to("cpu", torch.float64)
+    return any(bool(((values.to(dtype).to(torch.float64) - values).abs() <= 2.0 ** -20 * values.abs()).all())
+               for dtype in (torch.bfloat16, torch.float16))
 
 
 def _base_frequencies(hf_rotary: nn.Module, lt: Optional[str], rope: RopeConfig,
@@ -461,8 +471,8 @@ def _config_regime(cfg, hf_rotary: nn.Module, lt: Optional[str], rope_type: str,
         if lo is None:
             raise UnsupportedModelError("its longrope config has no original_max_position_embeddings")
     if 2 * int(buf.shape[-1]) != rope.rotary_dim:
-        raise ValueError(f"{_ERR}: {where}: RopeConfig.from_hf gives rotary_dim {rope.rotary_dim} but the model "
-                         f"rotates {2 * int(buf.shape[-1])} dims")
+        raise UnsupportedModelError(f"{_ERR}: {where}: RopeConfig.from_hf gives rotary_dim {rope.rotary_dim} but "
+                                    f"the model rotates {2 * int(buf.shape[-1])} dims")
     if multi_axis and rope.mrope_section is None:
         raise UnsupportedModelError("it takes position ids per axis ([axes, batch, seq]: multimodal rope "
                                     "sections), but RopeConfig.from_hf reads no MRoPE layout (mrope_section) "
@@ -474,7 +484,7 @@ def _config_regime(cfg, hf_rotary: nn.Module, lt: Optional[str], rope_type: str,
     base = _base_frequencies(hf_rotary, lt, rope, regime)
     if base is not None:
         err = _rel_err(base[1], base[2])
-        if 1e-5 < err <= _ROUNDED_RTOL:
+        if 1e-5 < err <= _ROUNDED_RTOL and _held_in_16_bits(base[2]):
             regime.rounded = err
     if check:
         _check_regime(cfg, hf_rotary, lt, rope, regime, where, base)

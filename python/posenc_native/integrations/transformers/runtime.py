@@ -9,13 +9,13 @@ handle once, and the attention's ``freqs_cis.to(device)`` is :meth:`RotaryPositi
 """
 from __future__ import annotations
 
-import threading
 from typing import Optional, Union
 
 import torch
 from torch import nn
 
-from ..._contexts import for_the_cache
+from ..._contexts import for_the_cache, tracing, untraced, warn_trace_keeps
+from ..._locks import ForkSafeLock
 from ..._rope_math import cos_sin_from_angles, rope_angles, seq_len_from_positions
 from ...config import RopeConfig
 from ... import ops
@@ -29,9 +29,13 @@ class UnsupportedModelError(NotImplementedError, ValueError):
 
 
 def _integer(position_ids: torch.Tensor) -> torch.Tensor:
-    if position_ids.is_floating_point():
+    """position_ids as the op takes them: int32 or int64 (narrower integers widened, as the unpatched
+    model's float product takes them all); floating-point ones refused."""
+    if position_ids.is_floating_point() or position_ids.is_complex():
         raise UnsupportedModelError(f"{_ERR}: the patched rotary embedding was given floating-point position_ids; "
                                     "the fused rotation takes integer positions (unpatch the model)")
+    if position_ids.dtype not in (torch.int32, torch.int64):
+        return position_ids.to(torch.int64)
     return position_ids
 
 
@@ -170,7 +174,7 @@ class Regime:
         # > 0: the model's own frequencies are the config's rounded to 16 bits (up to this relative error);
         # the fused op uses the config's, exactly (detect._ROUNDED_RTOL)
         self.rounded = 0.0
-        self._update_lock = threading.Lock()
+        self._update_lock = ForkSafeLock()
         if "dynamic" in rope_type:  # transformers' test in dynamic_rope_update
             self.mode = "dynamic"
             # continue from the state the model's own module reached (it may have run long inputs)
@@ -198,7 +202,7 @@ class Regime:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self.__dict__.setdefault("rounded", 0.0)  # pickled by a version without it
-        self._update_lock = threading.Lock()
+        self._update_lock = ForkSafeLock()
 
     @property
     def rotary_dim(self) -> int:
@@ -216,6 +220,13 @@ class Regime:
         # Mirrors transformers' dynamic_frequency_update: grow past the longest sequence seen, reset
         # to the original frequencies when a sequence shorter than max_position_embeddings follows.
         # Returns the length whose frequencies this call uses.
+        if tracing():  # read without recording; a trace keeps this call's frequencies
+            with untraced():
+                length = self._update_dynamic(position_ids)
+            warn_trace_keeps(f"the dynamic NTK frequencies of sequence length {length}",
+                             "the patched model's dynamic NTK follows the longest sequence seen, as transformers' "
+                             "does, which a trace cannot", followed_by="Eager mode and torch.compile follow them.")
+            return length
         seq_len = seq_len_from_positions(position_ids)  # the scheme needs the length (transformers syncs too)
         with self._update_lock:
             cached = self.max_seq_len_cached
@@ -308,6 +319,20 @@ class AxisTableRegime:
         return table
 
 
+def _keys_as_unpatched(module: nn.Module, state_dict: dict, prefix: str, local_metadata) -> None:
+    """state_dict post hook: ``<prefix>original.<key>`` saved as ``<prefix><key>``."""
+    inner = prefix + "original."
+    for key in [k for k in state_dict if k.startswith(inner)]:
+        state_dict[prefix + key[len(inner):]] = state_dict.pop(key)
+
+
+def _keys_as_patched(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
+    """load_state_dict pre hook: ``<prefix><key>`` (an unpatched model's) loaded into ``<prefix>original.<key>``."""
+    inner = prefix + "original."
+    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(inner)]:
+        state_dict[inner + key[len(prefix):]] = state_dict.pop(key)
+
+
 class PosencRotaryEmbedding(nn.Module):
     """Replaces a transformers ``*RotaryEmbedding``: returns :class:`RotaryPositions` instead of cos/sin.
 
@@ -322,6 +347,10 @@ class PosencRotaryEmbedding(nn.Module):
         self.original = original
         self.regimes = regimes
         self.complex_table = complex_table
+        # the replaced module's persistent buffers (ESM's inv_freq) keep their keys: a patched model's
+        # state_dict is the unpatched one's, and loads either way
+        self.register_state_dict_post_hook(_keys_as_unpatched)
+        self.register_load_state_dict_pre_hook(_keys_as_patched)
 
     def __getattr__(self, name: str):
         # model code that reads the rotary module's plain attributes (config, layer_types, rope_type, ...)

@@ -6,6 +6,7 @@ and the position domain, 7 error quality, 8 reference/op agreement on add_sinuso
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -162,6 +163,21 @@ def _empty_strided_operands(device):
         "expanded": torch.randn(1, 4, 1, 1, device=device).expand(1, 4, 0, 8),
         "imag": torch.randn(1, 4, 0, 8, dtype=torch.complex64, device=device).imag,
     }
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_no_heads_at_all_rotates_nothing_and_still_checks_positions(in_place):
+    """q and k with no heads (a shard of zero heads): nothing to rotate, so no angle is formed for
+    the tokens (their angle loop ran: 270 ms for 10^7 tokens of no elements), and positions outside
+    the domain are still refused."""
+    q, k = torch.randn(1, 10**6, 0, 64), torch.randn(1, 10**6, 0, 64)
+    rotate = pn.apply_rope_ if in_place else pn.apply_rope
+    out_q, out_k = rotate(q, k, inv_freq=inv_freq(64))
+    assert out_q.shape == q.shape and out_k.shape == k.shape
+    bad = torch.zeros(1, 10**6, dtype=torch.int64)
+    bad[0, -1] = MAX_POSITION + 1
+    with pytest.raises(RuntimeError, match=r"positions \+ offset must lie in"):
+        rotate(q, k, bad, inv_freq=inv_freq(64))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -576,6 +592,14 @@ def test_positions_outside_domain_raise(positions, offset):
     with pytest.raises(RuntimeError, match=r"positions \+ offset must lie in \[-2\^48, 2\^48\]"):
         pn.apply_rope_(q, None, pos, inv_freq=inv_freq(8), offset=offset)
     assert torch.equal(q, before)
+    # add_sinusoidal adds the offset before its op: the message still names what was given, not a wrapped sum
+    x = torch.randn(1, 1, 8)
+    if abs(offset) > MAX_POSITION:
+        with pytest.raises(ValueError, match="offset must lie in"):
+            pn.add_sinusoidal(x, pos, offset=offset)
+    else:
+        with pytest.raises(RuntimeError, match=re.escape(f"got positions in [{positions[0]}, {positions[0]}] and offset {offset}")):
+            pn.add_sinusoidal(x, pos, offset=offset)
 
 
 @pytest.mark.parametrize("positions, offset", [([2 ** 48], 0), ([-(2 ** 48)], 0), ([2 ** 62], -(2 ** 62) + 7),

@@ -182,13 +182,21 @@ def test_training_loss_curve_matches_eager(device):
         torch.testing.assert_close(p_c, p_e, rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
 
 
-def test_inplace_rope_compiles_without_breaks():
-    """Inference: apply_rope_ on q/k views of a fused qkv buffer, functionalized by torch.compile."""
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_inplace_rope_compiles_without_breaks(dynamic):
+    """apply_rope_ on q/k views of a fused qkv buffer, functionalized by torch.compile. With dynamic
+    shapes inductor lost a mutated view's symbolic storage offset (k = qkv[:, :, 1] alone had
+    qkv[:, :, 0] rotated instead), and in training the traced in-place autograd gave the views wrong
+    gradients (static shapes too): those are rotated out of place and copied back."""
     inv_freq = default_inv_freq(8)
 
     def rotate_in_place(qkv: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         q, k, _ = qkv.unbind(2)
         posenc_native.apply_rope_(q, k, positions, inv_freq=inv_freq, attention_factor=1.25)
+        return qkv
+
+    def rotate_k_alone(qkv: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        posenc_native.apply_rope_(qkv[:, :, 1], None, positions, inv_freq=inv_freq, attention_factor=1.25)
         return qkv
 
     qkv = torch.randn(2, 6, 3, 4, 8)
@@ -198,12 +206,30 @@ def test_inplace_rope_compiles_without_breaks():
     counter = CompileCounterWithBackend("inductor")
     buffer = qkv.clone()
     with torch.inference_mode():
-        torch.compile(rotate_in_place, backend=counter, fullgraph=True)(buffer, positions)
+        torch.compile(rotate_in_place, backend=counter, fullgraph=True, dynamic=dynamic)(buffer, positions)
     assert counter.frame_count == 1
     # the caller's buffer was rotated in place, as in eager mode
     assert_matches(buffer[:, :, 0], expected_q, "cpu")
     assert_matches(buffer[:, :, 1], expected_k, "cpu")
     assert torch.equal(buffer[:, :, 2], qkv[:, :, 2])  # v untouched
+
+    buffer = qkv.clone()
+    torch.compile(rotate_k_alone, fullgraph=True, dynamic=dynamic)(buffer, positions)
+    assert torch.equal(buffer[:, :, 0], qkv[:, :, 0]) and torch.equal(buffer[:, :, 2], qkv[:, :, 2])
+    assert_matches(buffer[:, :, 1], expected_k, "cpu")
+
+    # training: the rotated slices of a non-leaf (unbind's views autograd cannot rebase), gradients as eager's
+    def rotate_slices(qkv: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        posenc_native.apply_rope_(qkv[:, :, 0], qkv[:, :, 1], positions, inv_freq=inv_freq, attention_factor=1.25)
+        return qkv
+
+    weights = torch.randn(qkv.shape)
+    grads = []
+    for fn in (rotate_slices, torch.compile(rotate_slices, fullgraph=True, dynamic=dynamic)):
+        leaf = qkv.clone().requires_grad_()
+        (fn(leaf * 1.0, positions) * weights).sum().backward()
+        grads.append(leaf.grad)
+    assert_matches(grads[1], grads[0], "cpu")
 
 
 class ModuleAttention(nn.Module):

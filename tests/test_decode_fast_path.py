@@ -165,6 +165,21 @@ def test_jit_trace_records_the_op_of_every_entry():
             torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
+def test_module_call_holds_config_and_layout_for_the_call_and_no_longer():
+    """module_call takes its own references to the module's config and layout for the call (a
+    q-only call runs Python in the middle, where another thread could rebind them and free the
+    borrowed objects), and releases them: the reference counts are unchanged after many calls."""
+    import sys
+    module = pn.RotaryEmbedding(_config())
+    q, k, pos = _decode_inputs()
+    for call in (lambda: module(q, k, pos), lambda: module(q), lambda: module(q, None, pos, 3)):
+        call()
+        before = sys.getrefcount(module.config), sys.getrefcount(module.layout)
+        for _ in range(100):
+            call()
+        assert (sys.getrefcount(module.config), sys.getrefcount(module.layout)) == before
+
+
 def test_module_call_is_nn_modules_call(monkeypatch):
     """RotaryEmbedding.__call__ (the extension's module_call) skips nn.Module.__call__'s Python only
     where that would call forward straight away: hooks of the module's or global ones still run,
@@ -549,6 +564,72 @@ def test_fast_path_reads_negative_views_as_their_values(monkeypatch):
     assert calls() == {}
     torch.testing.assert_close(got_q, want_q, atol=0, rtol=0)
     torch.testing.assert_close(got_k, want_k, atol=0, rtol=0)
+
+
+def test_angle_inputs_that_want_a_gradient_are_refused_on_every_path():
+    """Frequencies or cos/sin that require grad with q and k that do not (learned frequencies on a
+    frozen model): the fast path leaves the call to the general path, which refuses it before any
+    write, as the raw ops do (the gradient was silently dropped: no error, an output without grad)."""
+    config = _config()
+    q, k, pos = _decode_inputs()
+    inv = config.inv_freq().double()
+    pn.apply_rope(q, k, pos, inv_freq=inv)  # the fast path takes this call
+    cos, sin = (t.float() for t in reference.rope_tables(pos, config))
+    learned = inv.clone().requires_grad_()
+    args = (pos, None, learned, 1.0, False, "bshd", 0, False)
+    for call in (lambda: pn.apply_rope(q, k, pos, inv_freq=learned),
+                 lambda: pn.apply_rope_(q, k, pos, inv_freq=learned),
+                 lambda: torch.ops.posenc.rope(q, k, *args),
+                 lambda: torch.ops.posenc.rope_(q, k, *args),
+                 lambda: pn.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos.requires_grad_(), sin),
+                 lambda: torch.ops.posenc.rope_cos_sin_(q, k, cos, sin, None, "bshd", False)):
+        before = q.clone(), k.clone()
+        with pytest.raises(RuntimeError, match="requires grad, but gradients flow only to q and k"):
+            call()
+        assert torch.equal(q, before[0]) and torch.equal(k, before[1])
+    with torch.no_grad():  # no gradient wanted: rotated as with the same values
+        got = pn.apply_rope(q, k, pos, inv_freq=learned)
+    want = pn.apply_rope(q, k, pos, inv_freq=inv)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_negative_views_rotate_in_place_off_the_fast_path():
+    """Where the fast path does not take an in-place call (a gradient to record, the raw ops), the
+    ops' Negative-key kernel rotates a negative view as stored (torch's own fallback failed: "Expected
+    Tensor but got None" for q alone, "more than one mutable tensors" for q and k) and resolves
+    negative frequencies and cos/sin tables. Values and gradients are the reference's."""
+    config = _config()
+    q = torch.randn(3, 3, 4, 64, generator=GEN, dtype=torch.float64)
+    k = torch.randn(3, 3, 2, 64, generator=GEN, dtype=torch.float64)
+    pos = torch.randint(0, 100_000, (3, 3), generator=GEN)
+    want_q, want_k = reference.apply_rope(q, k, pos, config)
+
+    base = q.clone().requires_grad_()
+    nq = _negative_view(base * 1.0)  # a non-leaf: its gradient is recorded, so the general path runs
+    pn.apply_rope_(nq, None, pos, config=config)
+    torch.testing.assert_close(nq.detach(), want_q, atol=1e-12, rtol=0)
+    weights = torch.randn(q.shape, generator=GEN, dtype=torch.float64)
+    (nq * weights).sum().backward()
+    plain = q.clone().requires_grad_()
+    (pn.apply_rope(plain, None, pos, config=config)[0] * weights).sum().backward()
+    torch.testing.assert_close(base.grad, plain.grad, atol=1e-12, rtol=0)
+
+    inv = config.inv_freq().double()
+    args = (pos, None, inv, config.attention_factor, False, "bshd", 0, False)
+    nq, nk = _negative_view(q), _negative_view(k)
+    torch.ops.posenc.rope_(nq, nk, *args)
+    torch.testing.assert_close(nq, want_q, atol=1e-12, rtol=0)
+    torch.testing.assert_close(nk, want_k, atol=1e-12, rtol=0)
+    got_q, got_k = q.clone(), k.clone()
+    torch.ops.posenc.rope_(got_q, got_k, pos, None, _negative_view(inv), *args[3:])
+    torch.testing.assert_close(got_q, want_q, atol=1e-12, rtol=0)
+    torch.testing.assert_close(got_k, want_k, atol=1e-12, rtol=0)
+
+    cos, sin = reference.rope_tables(pos, config)  # [B, S, D]
+    got_q, got_k = _negative_view(q), k.clone()
+    torch.ops.posenc.rope_cos_sin_(got_q, got_k, _negative_view(cos), _negative_view(sin), None, "bshd", False)
+    torch.testing.assert_close(got_q, want_q, atol=1e-12, rtol=0)
+    torch.testing.assert_close(got_k, want_k, atol=1e-12, rtol=0)
 
 
 def test_fast_path_leaves_zero_tensors_to_the_dispatcher(monkeypatch):

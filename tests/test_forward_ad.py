@@ -93,3 +93,102 @@ def test_tangents_on_other_inputs_are_refused():
     for name, call in cases.items():
         with pytest.raises(NotImplementedError, match=f"with respect to {name}"):
             call()
+
+
+def _entries():
+    """(name, our function, the reference's, its float64 inputs): each public entry with formulas."""
+    pos = torch.randint(0, 4000, (2, 3), generator=GEN)
+    cos, sin = reference.rope_tables(pos, YARN)
+    k = _randn(2, 3, 2, 64)
+    return [
+        ("apply_rope", lambda q: pn.apply_rope(q, k, pos, config=YARN)[0],
+         lambda q: reference.apply_rope(q, k, pos, YARN)[0], _randn(2, 3, 4, 64)),
+        ("apply_rotary_pos_emb", lambda q: pn.apply_rotary_pos_emb(q, k.transpose(1, 2), cos, sin)[0],
+         lambda q: reference.apply_rope(q.transpose(1, 2), k, pos, YARN)[0].transpose(1, 2), _randn(2, 4, 3, 64)),
+        ("add_sinusoidal", lambda x: pn.add_sinusoidal(x, x_scale=3.0, offset=7),
+         lambda x: reference.add_sinusoidal(x, x_scale=3.0, offset=7), _randn(2, 5, 16)),
+        ("relative_position_bias", lambda w: pn.relative_position_bias(w, 5, 9, bidirectional=False),
+         lambda w: reference.relative_position_bias(w, 5, 9, bidirectional=False), _randn(32, 4)),
+        ("alibi_bias", lambda s: pn.alibi_bias(s, 5, 9, query_offset=3),
+         lambda s: reference.alibi_bias(s, 5, 9, query_offset=3), _randn(6)),
+    ]
+
+
+@pytest.mark.parametrize("index", range(5), ids=[e[0] for e in _entries()])
+def test_hessian_and_jacfwd_match_the_reference(index):
+    """Forward over reverse (torch.func.hessian = jacfwd(jacrev)): the backward's ops carry
+    tangents too (their jvp formulas), and jacfwd (vmap of jvp) batches them."""
+    _, ours, ref, x = _entries()[index]
+    weights = _randn(*ours(x).shape)
+    loss = lambda f: lambda t: (weights * f(t) ** 2).sum()  # noqa: E731  (quadratic: a non-zero Hessian)
+    small = x.flatten()[:40].clone()  # the Hessian of the first 40 entries keeps the test fast
+
+    def on_small(f):
+        return lambda s: loss(f)(torch.cat([s, x.flatten()[40:]]).view(x.shape))
+    want = torch.func.hessian(on_small(ref))(small)
+    assert want.abs().max() > 0.1
+    torch.testing.assert_close(torch.func.hessian(on_small(ours))(small), want, atol=1e-9, rtol=0)
+    torch.testing.assert_close(torch.func.jacfwd(ours)(x), torch.func.jacfwd(ref)(x), atol=1e-9, rtol=0)
+
+
+@pytest.mark.parametrize("index", range(5), ids=[e[0] for e in _entries()])
+def test_gradcheck_with_every_check(index):
+    """torch.autograd.gradcheck's forward-mode and batched checks (vmap over make_dual tangents,
+    what OpInfo-based suites enable) and gradgradcheck's, against finite differences."""
+    _, ours, _, x = _entries()[index]
+    x.requires_grad_()
+    checks = dict(check_forward_ad=True, check_backward_ad=True, check_batched_grad=True,
+                  check_batched_forward_grad=True, check_undefined_grad=True, fast_mode=True)
+    assert torch.autograd.gradcheck(ours, (x,), **checks)
+    assert torch.autograd.gradgradcheck(ours, (x,), check_fwd_over_rev=True, check_rev_over_rev=True,
+                                        check_batched_grad=True, fast_mode=True)
+
+
+def test_tangents_through_the_backward_outside_torch_func():
+    """Forward over reverse with torch.autograd alone (a dual level, then autograd.grad without
+    create_graph): the backward's ops carry the tangent, a Hessian-vector product as the reference's.
+    Their tangents were dropped (the backward ran the ops below autograd)."""
+    k, pos = _randn(2, 3, 2, 64), torch.randint(0, 4000, (2, 3), generator=GEN)
+    weights = _randn(2, 3, 4, 64)
+    q, tq = _randn(2, 3, 4, 64), _randn(2, 3, 4, 64)
+
+    def hvp(rotate):
+        with fwAD.dual_level():
+            x = fwAD.make_dual(q.clone(), tq).requires_grad_()
+            g, = torch.autograd.grad((weights * rotate(x) ** 2).sum(), x)
+            return fwAD.unpack_dual(g).tangent
+
+    want = hvp(lambda x: reference.apply_rope(x, k, pos, YARN)[0])
+    assert want.abs().max() > 0.1
+    torch.testing.assert_close(hvp(lambda x: pn.apply_rope(x, k, pos, config=YARN)[0]), want, atol=1e-9, rtol=0)
+
+    def weights_tangent(rotate):  # the tangent on the loss's weights; q rotated in place (a non-leaf)
+        with fwAD.dual_level():
+            x = q.clone().requires_grad_()
+            g, = torch.autograd.grad((fwAD.make_dual(weights, tq) * rotate(x * 1.0) ** 2).sum(), x)
+            return fwAD.unpack_dual(g).tangent
+
+    want = weights_tangent(lambda x: reference.apply_rope(x, k, pos, YARN)[0])
+    assert want.abs().max() > 0.1
+    torch.testing.assert_close(weights_tangent(lambda x: pn.apply_rope_(x, k.clone(), pos, config=YARN)[0]), want,
+                               atol=1e-9, rtol=0)
+    w, tw, bias_weights = _randn(32, 4), _randn(32, 4), _randn(1, 4, 5, 9)
+
+    def bias_hvp(bias):
+        with fwAD.dual_level():
+            x = fwAD.make_dual(w.clone(), tw).requires_grad_()
+            g, = torch.autograd.grad((bias_weights * bias(x) ** 2).sum(), x)
+            return fwAD.unpack_dual(g).tangent
+    want = bias_hvp(lambda a: reference.relative_position_bias(a, 5, 9))
+    assert want.abs().max() > 0.1
+    torch.testing.assert_close(bias_hvp(lambda a: pn.relative_position_bias(a, 5, 9)), want, atol=1e-9, rtol=0)
+
+
+def test_module_rotation_with_a_tangent_on_cos():
+    """RoPEPositionalEncoding.apply_rotary_emb with a tangent on cos: the plain formula runs (the fused
+    op is linear in q and k only), as it does for a cos that requires grad."""
+    x, cos, sin, t = _randn(2, 2, 3, 8), _randn(3, 8), _randn(3, 8), _randn(3, 8)
+    rotate = pn.RoPEPositionalEncoding.apply_rotary_emb
+    want = torch.func.jvp(lambda c: x * c + torch.cat((-x[..., 4:], x[..., :4]), -1) * sin, (cos,), (t,))
+    got = torch.func.jvp(lambda c: rotate(x, c, sin), (cos,), (t,))
+    _assert_tangents(got, want, atol=1e-12)

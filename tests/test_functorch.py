@@ -5,10 +5,9 @@ differentiable entry (they failed before: torch's register_autograd kernel is no
 Function) against autograd through the float64 reference; per-sample gradients through vmap(grad)."""
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import posenc_native as pn
 from posenc_native import reference
@@ -36,6 +35,19 @@ def _check(got, want, atol=2e-6):
     torch.testing.assert_close(got.double(), want, atol=atol, rtol=0)
 
 
+class _OpCalls(TorchDispatchMode):
+    """Counts the calls of one op that reach the kernels (below vmap: a per-slice fallback calls it
+    once per slice)."""
+
+    def __init__(self, op) -> None:
+        super().__init__()
+        self.op, self.n = op, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += func is self.op
+        return func(*args, **(kwargs or {}))
+
+
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 @pytest.mark.parametrize("positions", ["rows", "one row", "shared", "none"])
 @pytest.mark.parametrize("interleaved", [False, True])
@@ -48,15 +60,50 @@ def test_vmapped_q_and_k_match_each_slice_in_one_call(layout, positions, interle
     k = _randn(V, *_shape(layout, KV), seed=2)
     pos = {"rows": _positions(B, S, seed=3), "one row": _positions(1, S, seed=3), "shared": _positions(S, seed=3),
            "none": None}[positions]
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message=".*batching rule.*")
+    with _OpCalls(torch.ops.posenc.rope.default) as calls:
         got_q, got_k = torch.func.vmap(lambda a, b: pn.apply_rope(a, b, pos, config=cfg, layout=layout))(q, k)
+    assert calls.n == 1
     for i in range(V):
         want_q, want_k = reference.apply_rope(q[i].double(), k[i].double(), pos, cfg, layout=layout)
         _check(got_q[i], want_q)
         _check(got_k[i], want_k)
         # folded into one call, each slice gets the bits of its own call (the kernels are batch invariant)
         alone_q, alone_k = pn.apply_rope(q[i], k[i], pos, config=cfg, layout=layout)
+        assert torch.equal(got_q[i], alone_q) and torch.equal(got_k[i], alone_k)
+
+
+@pytest.mark.parametrize("tables", ["per row", "shared", "gathered by position_ids"])
+@pytest.mark.parametrize("captured", [None, "q", "k"])
+def test_vmapped_cos_sin_rotation_matches_each_slice_in_one_call(tables, captured):
+    """apply_rotary_pos_emb (the op of cos/sin tables) vmapped: folded into one call like the
+    frequency op (it ran once per slice, with torch's warning), every slice its own call's bits."""
+    cfg = _config(scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=1024))
+    q = _randn(V, B, H, S, D, seed=41)  # transformers' [B, H, S, D]
+    k = _randn(V, B, KV, S, D, seed=42)
+    pos = _positions(B, S, seed=43)
+    cos, sin = (t.float() for t in reference.rope_tables(pos, cfg))  # [B, S, D]
+    position_ids = None
+    if tables == "shared":
+        cos, sin = cos[0], sin[0]  # [S, D]: the rows of batch row 0 for every row
+        pos = pos[:1].expand(B, S)
+    elif tables == "gathered by position_ids":
+        position_ids = pos
+        cos, sin = (t.float() for t in reference.rope_tables(torch.arange(5000)[None], cfg))
+        cos, sin = cos[0], sin[0]  # [5000, D], indexed by position_ids
+
+    def rotate(a, b):
+        return pn.apply_rotary_pos_emb(a, b, cos, sin, position_ids)
+    fn = {None: rotate, "q": lambda b: rotate(q[0], b), "k": lambda a: rotate(a, k[0])}[captured]
+    args = {None: (q, k), "q": (k,), "k": (q,)}[captured]
+    with _OpCalls(torch.ops.posenc.rope_cos_sin.default) as calls:
+        got_q, got_k = torch.func.vmap(fn)(*args)
+    assert calls.n == (1 if captured is None else 2)  # one call folded (and the captured tensor's own)
+    for i in range(V):
+        qi, ki = q[0 if captured == "q" else i], k[0 if captured == "k" else i]
+        want_q, want_k = reference.apply_rope(qi.double(), ki.double(), pos, cfg, layout="bhsd")
+        _check(got_q[i], want_q)
+        _check(got_k[i], want_k)
+        alone_q, alone_k = rotate(qi, ki)
         assert torch.equal(got_q[i], alone_q) and torch.equal(got_k[i], alone_k)
 
 
@@ -67,9 +114,9 @@ def test_q_alone_vmapped_and_a_vmapped_dim_not_first():
     q = _randn(B, S, V, H, D, seed=4)
     k = _randn(B, S, KV, D, seed=5)
     pos = _positions(B, S, seed=6)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message=".*batching rule.*")
+    with _OpCalls(torch.ops.posenc.rope.default) as calls:
         got_q, got_k = torch.func.vmap(lambda a: pn.apply_rope(a, k, pos, config=cfg), in_dims=2)(q)
+    assert calls.n == 2  # q folded, k once
     assert got_k.shape == (V, *k.shape) and got_k.stride(0) == 0
     want_k = reference.apply_rope(k.double(), None, pos, cfg)[0]
     for i in range(V):
@@ -84,9 +131,9 @@ def test_k_alone_vmapped_with_a_captured_q(layout):
     q = _randn(*_shape(layout, H), seed=38)
     k = _randn(V, *_shape(layout, KV), seed=39)
     pos = _positions(B, S, seed=40)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message=".*batching rule.*")
+    with _OpCalls(torch.ops.posenc.rope.default) as calls:
         got_q, got_k = torch.func.vmap(lambda b: pn.apply_rope(q, b, pos, config=cfg, layout=layout))(k)
+    assert calls.n == 2  # k folded, q once
     assert got_q.shape == (V, *q.shape) and got_q.stride(0) == 0
     for i in range(V):
         want_q, want_k = reference.apply_rope(q.double(), k[i].double(), pos, cfg, layout=layout)
@@ -108,6 +155,19 @@ def test_vmapped_positions_or_frequencies_go_slice_by_slice():
     got_q = torch.func.vmap(lambda a, f: pn.apply_rope(a, None, pos[0], inv_freq=f)[0])(q, inv_freq)
     for i in range(V):
         _check(got_q[i], reference.apply_rope(q[i].double(), None, pos[0], inv_freq=inv_freq[i])[0])
+
+
+def test_length_following_schemes_refuse_vmapped_positions():
+    """Dynamic NTK's frequencies follow the positions' maximum, which differs per vmapped slice: a
+    clear error (it was torch's "calling .item() under vmap"); shared positions follow their length."""
+    cfg = pn.RopeConfig(head_dim=D, max_position_embeddings=16, scaling={"rope_type": "dynamic", "factor": 2.0})
+    q = _randn(V, B, S, H, D, seed=12)
+    pos = _positions(V, B, S, seed=13) + 40  # past max_position_embeddings: the length matters
+    with pytest.raises(ValueError, match="positions tensor vmapped by torch.func.vmap"):
+        torch.func.vmap(lambda a, p: pn.apply_rope(a, None, p, config=cfg)[0])(q, pos)
+    got = torch.func.vmap(lambda a: pn.apply_rope(a, None, pos[1], config=cfg)[0])(q)
+    for i in range(V):
+        _check(got[i], reference.apply_rope(q[i].double(), None, pos[1], cfg)[0])
 
 
 def test_packed_layout_with_cu_seqlens():
@@ -297,3 +357,33 @@ def test_in_place_rope_under_a_transform_refused_before_any_write(case):
         want_q, want_k = reference.apply_rope(x[1, :, :S].double(), x[1, :, 1:].double(), pos, cfg)
         _check(got_q[1], want_q)
         _check(got_k[1], want_k)
+
+
+@pytest.mark.parametrize("bias", ["t5", "alibi"])
+def test_vmapped_bias_parameters_fold_into_the_heads(bias):
+    """The biases vmapped over their parameter (an ensemble of T5 weights or ALiBi slopes; their
+    per-sample gradients): one call of the op and of its backward, the vmapped dim folded into the
+    heads (each head reads only its own column or slope), every slice its own call's bits."""
+    g = torch.Generator().manual_seed(44)
+    if bias == "t5":
+        params = torch.randn(V, 32, H, generator=g, dtype=torch.float64)
+        op, backward = torch.ops.posenc.relative_position_bias.default, torch.ops.posenc.relative_position_bias_backward.default
+        fn = lambda p: pn.relative_position_bias(p, 5, 9, bidirectional=False, query_offset=3)  # noqa: E731
+        ref = lambda p: reference.relative_position_bias(p, 5, 9, bidirectional=False, query_offset=3)  # noqa: E731
+    else:
+        params = torch.rand(V, H, generator=g, dtype=torch.float64) + 0.01
+        op, backward = torch.ops.posenc.alibi_bias.default, torch.ops.posenc.alibi_bias_backward.default
+        fn = lambda p: pn.alibi_bias(p, 5, 9, query_offset=3)  # noqa: E731
+        ref = lambda p: reference.alibi_bias(p, 5, 9, query_offset=3)  # noqa: E731
+    weights = torch.randn(1, H, 5, 9, generator=g, dtype=torch.float64)
+    with _OpCalls(op) as calls:
+        got = torch.func.vmap(fn)(params)
+    assert calls.n == 1
+    loss = lambda f: lambda p: (weights * f(p) ** 2).sum()  # noqa: E731
+    with _OpCalls(backward) as calls:
+        got_grads = torch.func.vmap(torch.func.grad(loss(fn)))(params)
+    assert calls.n == 1
+    for i in range(V):
+        assert torch.equal(got[i], fn(params[i]))
+        torch.testing.assert_close(got[i], ref(params[i]), atol=1e-12, rtol=0)
+        torch.testing.assert_close(got_grads[i], torch.func.grad(loss(ref))(params[i]), atol=1e-12, rtol=0)

@@ -231,3 +231,28 @@ def test_traced_seed_article_attention_follows_new_lengths(seed_class):
     q = randn(2, 4, 37, 64)
     want, _ = reference.apply_rope(q.double(), None, None, rope.config, layout="bhsd")
     torch.testing.assert_close(traced(q).double(), want, rtol=0, atol=2e-5)
+
+
+def test_trace_of_a_patched_dynamic_ntk_model_names_the_frequencies_it_keeps():
+    """A patched model's dynamic NTK follows the longest sequence seen (transformers' state): a trace
+    keeps the traced call's frequencies, and now says so in the library's words (torch's generic
+    'converting a tensor to a Python integer' was all it got); the trace is right at its own length."""
+    transformers = pytest.importorskip("transformers")
+    from posenc_native.integrations import transformers as integration
+
+    config = transformers.LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+                                      rope_parameters={"rope_theta": 10000.0, "rope_type": "dynamic", "factor": 2.0},
+                                      torchscript=True)
+    torch.manual_seed(28)
+    model = transformers.LlamaForCausalLM(config).eval()
+    logits = Module(lambda m, ids: m(ids, use_cache=False, return_dict=False)[0], model)
+    ids = torch.randint(0, 100, (1, 24), generator=GEN)  # past max_position_embeddings: the scaled regime
+    with torch.no_grad():
+        want = logits(ids)
+        integration.patch(model)
+        traced, messages = _trace_warnings(logits, (ids,))
+        got = traced(ids)
+        integration.unpatch(model)
+    assert any("this trace keeps the dynamic NTK frequencies of sequence length 24" in m for m in messages), messages
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)

@@ -58,6 +58,7 @@ _PARTNERS = [
     ("rope_cos_sin", "rope_cos_sin", ("q", "k", "inverse")),
     ("rope_cos_sin_", "rope_cos_sin", ("q", "k", "inverse")),
     ("add_sinusoidal", None, ("x_scale",)),
+    ("sinusoidal_table", None, ("positions",)),  # (its autograd only refuses positions that want a gradient)
     ("relative_position_bias", "relative_position_bias_backward", ("grad",)),
     ("relative_position_bias_backward", "relative_position_bias", ("weight", "query_length", "key_length")),
     ("alibi_bias", "alibi_bias_backward", ("grad",)),

@@ -543,6 +543,14 @@ def test_torchscript_modules_and_ops(tmp_path):
         loaded = torch.jit.load(str(path))
         assert torch.equal(loaded(*args), want.detach())
 
+    # ALiBi cast in Python, then scripted: exact slopes, biases of the cast dtype (as eager); cast after
+    # scripting: no Python runs to rebuild the slopes, so the scripted code refuses rounded ones
+    # (it returned float32 biases of fp16-rounded slopes, 0.31 off at distance 4096)
+    half = torch.jit.script(pn.ALiBi(4).half())
+    assert torch.equal(half(3, 40, 37), pn.alibi_bias(pn.alibi_slopes(4), 3, 40, query_offset=37, dtype=torch.half))
+    with pytest.raises((RuntimeError, torch.jit.Error), match="slopes buffer was cast"):
+        torch.jit.script(pn.ALiBi(4)).half()(3, 40, 37)
+
     @torch.jit.script
     def buckets(rp: torch.Tensor) -> torch.Tensor:
         return torch.ops.posenc.t5_relative_position_bucket(rp, True, 32, 128)

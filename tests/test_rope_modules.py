@@ -163,6 +163,12 @@ def test_yarn_factor_one_is_plain_rope_and_rotate():
     assert _rel(via_cos_sin, r0) <= 1e-5
     bshd, _ = yarn.rotate(q.transpose(1, 2).contiguous(), None, layout="bshd")
     assert _rel(bshd.transpose(1, 2), r0) <= 1e-5
+    # interleaved: forward's tables are paired (2i, 2i+1), and apply_rotary_emb pairs them so (it
+    # paired them half-split: pair norms scaled 0.06..16 instead of by the attention factor)
+    gptj = YaRNPositionalEncoding(64, original_max_position_embeddings=1024, scaling_factor=16.0, interleaved=True)
+    r0, _ = reference.apply_rope(q.double(), None, None, gptj.config, layout="bhsd")
+    assert _rel(gptj.apply_rotary_emb(q, *gptj(20)), r0) <= 1e-5
+    assert _rel(gptj.rotate(q)[0], r0) <= 1e-5
 
 
 def test_modules_survive_half_and_validate():

@@ -286,6 +286,25 @@ def test_gradcheck_add_sinusoidal():
     assert torch.autograd.gradcheck(lambda t: pn.add_sinusoidal(t, offset=40, x_scale=-0.3, cos_first=True), (x2,))
 
 
+def test_float_positions_that_want_a_gradient_are_refused():
+    """Gradients flow to x only: float positions (diffusion timesteps, say) that require grad get an
+    error, under autograd and torch.func alike, not a gradient silently zero or missing."""
+    g = gen(32)
+    p = (torch.rand(3, generator=g, dtype=torch.float64) * 100).requires_grad_()
+    x = torch.randn(3, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    for call in (lambda: pn.sinusoidal_table(p, 8, dtype=torch.float64),
+                 lambda: pn.add_sinusoidal(x, p),
+                 lambda: torch.func.grad(lambda t: pn.sinusoidal_table(t, 8, dtype=torch.float64).sum())(p.detach()),
+                 lambda: torch.func.grad(lambda t: pn.add_sinusoidal(x.detach(), t).sum())(p.detach())):
+        with pytest.raises(RuntimeError, match="positions requires grad"):
+            call()
+    with torch.no_grad():  # no gradient wanted: computed as before
+        table = pn.sinusoidal_table(p, 8, dtype=torch.float64)
+    torch.testing.assert_close(table, reference.sinusoidal_table(p.detach(), 8), atol=1e-12, rtol=0)
+    torch.testing.assert_close(pn.add_sinusoidal(x, p.detach()), reference.add_sinusoidal(x.detach(), p.detach()),
+                               atol=1e-12, rtol=0)
+
+
 def test_torch_compile_fullgraph():
     """No graph breaks: both ops trace as single custom-op nodes (aot_eager keeps the test cheap)."""
     g = gen(33)

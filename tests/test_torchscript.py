@@ -383,3 +383,28 @@ def test_scripted_frequencies_survive_meta_init_and_dtype_casts():
         else:
             for got, want in zip(scripted(SEQ), module(SEQ)):
                 assert torch.equal(got, want), name
+        # cast after scripting: no Python runs to rebuild the buffer, so the scripted code refuses
+        # float32 frequencies (it rotated with them silently: 0.06 rad off at position 1e6)
+        for cast in ("float", "half"):
+            with pytest.raises((RuntimeError, torch.jit.Error), match="frequency buffer was cast"):
+                args = (q, k, pos) if isinstance(module, posenc_native.RotaryEmbedding) else (SEQ,)
+                getattr(torch.jit.script(module), cast)()(*args)
+
+
+def test_a_config_swapped_on_a_built_module_is_what_the_scripted_module_uses():
+    """RotaryEmbedding.config set again (a model switched to a context-extended config): the
+    scripted module reads the new config's frequencies, attention factor and pairing, as eager does
+    (it kept the old attention factor and pairing, and after a move mixed them with new frequencies)."""
+    old = posenc_native.RopeConfig(head_dim=HEAD_DIM)
+    new = posenc_native.RopeConfig(head_dim=HEAD_DIM, interleaved=True, scaling=YARN)
+    g = torch.Generator().manual_seed(31)
+    q, k = torch.randn(2, SEQ, HEADS, HEAD_DIM, generator=g), torch.randn(2, SEQ, KV_HEADS, HEAD_DIM, generator=g)
+    want_q, want_k = reference.apply_rope(q.double(), k.double(), None, new)
+    for moved in (False, True):
+        rope = posenc_native.RotaryEmbedding(old)
+        rope.config = new
+        if moved:
+            rope.to(torch.float32)
+        got_q, got_k = torch.jit.script(rope)(q, k, None, 0, None)
+        torch.testing.assert_close(got_q.double(), want_q, atol=5e-6, rtol=0)
+        torch.testing.assert_close(got_k.double(), want_k, atol=5e-6, rtol=0)

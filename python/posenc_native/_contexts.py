@@ -80,15 +80,15 @@ def traced_int(name: str, value: torch.Tensor) -> int:
     return constant
 
 
-def warn_trace_keeps(what: str, why: str) -> None:
-    """A TracerWarning that the running torch.jit.trace keeps ``what`` as a constant, and why,
-    attributed to the first caller outside this package."""
+def warn_trace_keeps(what: str, why: str, followed_by: str = "torch.compile and torch.export follow them.") -> None:
+    """A TracerWarning that the running torch.jit.trace keeps ``what`` as a constant, and why (and what
+    follows the values instead), attributed to the first caller outside this package."""
     level, frame = 2, sys._getframe(1)  # level 2: warn_trace_keeps' caller
     while frame.f_back is not None and (frame.f_code.co_filename.startswith(_PACKAGE_DIR)
                                         or frame.f_code.co_filename == _NN_MODULE_FILE):  # (a module's __call__)
         level, frame = level + 1, frame.f_back
     warnings.warn(f"posenc_native: this trace keeps {what} and will not follow other values: {why}. "
-                  "torch.compile and torch.export follow them.", torch.jit.TracerWarning, stacklevel=level)
+                  f"{followed_by}", torch.jit.TracerWarning, stacklevel=level)
 
 
 def tracing() -> bool:

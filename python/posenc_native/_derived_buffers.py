@@ -40,10 +40,14 @@ class DerivedBuffers(nn.Module):
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
         self._moved({name: getattr(self, name).dtype for name in self._derived_buffer_names})
+        self._rebuild_derived_buffers()
+        return self
+
+    def _rebuild_derived_buffers(self) -> None:
+        """Each buffer recomputed, on its device (none on the meta device: it holds no values)."""
         values = None
         for name in self._derived_buffer_names:
             device = getattr(self, name).device
             if device.type != "meta":
                 values = values if values is not None else self._computed()
                 setattr(self, name, values[name].to(device))
-        return self

@@ -1,47 +1,73 @@
-"""Forward-mode AD (``torch.func.jvp``, ``torch.autograd.forward_ad.make_dual``) for the ops.
+"""Forward-mode AD (``torch.func.jvp``, ``jacfwd``, ``hessian``, ``torch.autograd.forward_ad``) of the ops.
 
-The ops have no forward-mode formula of their own, and torch drops a custom op's tangents
-silently (the output simply has none), so every public entry (ops.py, bias.py) handles them
-before calling its op: each op is linear (add_sinusoidal affine) in its differentiable inputs,
-so a tangent goes through the op itself; tangents on the other inputs (positions, frequencies,
-cos/sin tables) raise NotImplementedError.
+torch drops a custom op's tangents silently (the output simply has none), so while a dual level or
+a differentiating torch.func transform is active the ops run through an autograd.Function
+(``_functorch.dispatch``) whose ``jvp`` is the op's formula here, registered with its backward
+(``_functorch.register_autograd``). Every op is linear in its differentiable inputs (add_sinusoidal
+affine): a tangent goes through the op itself. Tangents on the other inputs (positions,
+frequencies, cos/sin tables) raise NotImplementedError.
 """
 from __future__ import annotations
 
+from typing import Any, Callable, Optional
+
 import torch
-from torch.autograd.forward_ad import make_dual, unpack_dual
+from torch.autograd.forward_ad import unpack_dual
 import torch.autograd.forward_ad as _fwad
 
-__all__ = ["tangents", "refuse_tangents", "through_linear", "make_dual"]
+from ._op_args import call, op_args, saved_args
+
+__all__ = ["dual_level_active", "tangents", "refuse_tangents", "linear_jvp", "scale_jvp"]
 
 
-def tangents(*tensors):
-    """``(primals, tangents)`` of ``tensors`` when one of them carries a tangent, else None (one
-    global read when no dual level is active, as outside forward-mode AD)."""
-    if getattr(_fwad, "_current_level", -1) < 0:
+def dual_level_active() -> bool:
+    """Whether a ``torch.autograd.forward_ad.dual_level`` is open (one global read)."""
+    return getattr(_fwad, "_current_level", -1) >= 0
+
+
+def tangents(*tensors) -> Optional[list]:
+    """The tangents of ``tensors`` when one of them carries one, else None (outside a dual level: no
+    tensor can)."""
+    if not dual_level_active():
         return None
-    unpacked = [unpack_dual(t) if isinstance(t, torch.Tensor) else (t, None) for t in tensors]
-    if all(u[1] is None for u in unpacked):
-        return None
-    return [u[0] for u in unpacked], [u[1] for u in unpacked]
+    got = [unpack_dual(t).tangent if isinstance(t, torch.Tensor) else None for t in tensors]
+    return None if all(t is None for t in got) else got
 
 
-def refuse_tangents(op: str, **named_tensors) -> None:
-    """NotImplementedError naming the inputs that carry tangents an op is not linear in."""
-    got = tangents(*named_tensors.values())
-    if got is not None:
-        names = ", ".join(n for n, t in zip(named_tensors, got[1]) if t is not None)
+def refuse_tangents(op: str, **named: Optional[torch.Tensor]) -> None:
+    """NotImplementedError naming the inputs in ``named`` (name -> its tangent, or the tensor itself
+    with ``tangents``) that carry a tangent the op is not linear in."""
+    names = ", ".join(n for n, t in named.items() if t is not None)
+    if names:
         raise NotImplementedError(f"{op}: forward-mode AD with respect to {names} is not supported "
                                   "(only with respect to the rotated or added tensors)")
 
 
-def through_linear(run, dual):
-    """``run``'s result for an op linear in the tensors ``tangents`` unpacked into ``dual``: run on
-    the primals, run again on the tangents (zeros where a tensor has none; None stays None), each
-    output paired with its tangent. ``run`` returns a tensor or a tuple (whose None entries stay)."""
-    primals, tans = dual
-    out = run(*primals)
-    tan = run(*[p if p is None else (torch.zeros_like(p) if t is None else t) for p, t in zip(primals, tans)])
-    if isinstance(out, tuple):
-        return tuple(None if o is None else make_dual(o, t) for o, t in zip(out, tan))
-    return make_dual(out, tan)
+def _split(name: str, linear: tuple, tangents_in: tuple) -> dict:
+    """The tangents of op ``name``'s ``linear`` arguments by name; a tangent on any other is refused."""
+    given = dict(zip(op_args(name)._fields, tangents_in))
+    refuse_tangents(f"posenc.{name}", **{f: t for f, t in given.items() if f not in linear})
+    return {f: given[f] for f in linear}
+
+
+def linear_jvp(name: str, *linear: str, zeros: Optional[Callable[[Any, str], torch.Tensor]] = None) -> Callable:
+    """The jvp of op ``name``, linear in its arguments ``linear``: the op on their tangents, its other
+    arguments as saved by its ``setup_context`` (``ctx.args``, or ``save_args``). ``zeros(ctx, f)``
+    stands in for a linear argument without a tangent (needed where there are several)."""
+    def jvp(ctx, *tangents_in):
+        t = _split(name, linear, tangents_in)
+        if not linear:  # (an op differentiable in nothing: any tangent was refused)
+            return None
+        for f in linear:
+            if t[f] is None:
+                t[f] = zeros(ctx, f)
+        return call(name, saved_args(ctx) if hasattr(ctx, "saved_names") else ctx.args, **t)
+    return jvp
+
+
+def scale_jvp(name: str, linear: str, scale_field: str) -> Callable:
+    """The jvp of op ``name``, affine in ``linear`` with the factor in argument ``scale_field``."""
+    def jvp(ctx, *tangents_in):
+        t = _split(name, (linear,), tangents_in)[linear]
+        return t * getattr(ctx.args, scale_field)
+    return jvp

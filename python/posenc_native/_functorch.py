@@ -1,27 +1,35 @@
-"""The ops under torch.func transforms (``grad``, ``vjp``, ``jacrev``, ``vmap``).
+"""The ops under torch.func transforms (``grad``, ``vjp``, ``jacrev``, ``jvp``, ``hessian``, ``vmap``)
+and forward-mode AD.
 
 torch's ``register_autograd`` gives a custom op an autograd kernel that torch.func cannot run:
 its generated autograd.Function has no ``setup_context`` ("In order to use an autograd.Function
 with functorch transforms ... it must override the setup_context staticmethod"; pytorch issues
-168393, 170834). So every op with a backward is registered here (:func:`register_autograd`), which
-also keeps its formula for :class:`_UnderTransform`, an autograd.Function with ``setup_context``
-that runs the same op and the same formula; :func:`dispatch`, what the Python API calls, takes it
-while a transform is active (one C query otherwise). The raw ``torch.ops.posenc.*`` still have
-torch's kernel, and fail under ``torch.func.grad`` as any such op does.
+168393, 170834), and no forward-mode formula (torch drops the tangents silently). So every op with
+a backward is registered here (:func:`register_autograd`) with a ``jvp`` too (``_forward_ad``),
+kept for :class:`_UnderTransform`, an autograd.Function with ``setup_context`` that runs the same
+op and the same formulas; :func:`dispatch`, what the Python API calls, takes it while a
+differentiating transform or a dual level is active (one C query and one global read otherwise).
+The raw ``torch.ops.posenc.*`` still have torch's kernel: they fail under ``torch.func.grad`` and
+drop tangents, as any such op does.
 
-``vmap`` of ``posenc::rope`` has a rule (:func:`_rope_vmap`): without one torch runs the op once
-per vmapped slice (and warns of the performance drop). The common case, q and k vmapped over (a
-model ensemble, per-sample gradients) with the positions, cu_seqlens and frequencies shared, folds
-the vmapped dimension into the op's batch dimension (``bhsd``/``bshd``: ``[V, B, ...]`` ->
-``[V * B, ...]``, positions repeated per batch row) and calls the op once: each row is rotated
-exactly as in its own call. When only one of q and k is vmapped (the other captured), the other is
-rotated once, in a call of its own, and returned unbatched instead of copied to every slice.
-Anything else (vmapped positions or frequencies, the packed ``thd`` layout) is run slice by slice,
-as torch's fallback would.
+``vmap`` of the rotations (``posenc::rope``, ``rope_cos_sin``) has a rule (:func:`_rotation_vmap`):
+without one torch runs the op once per vmapped slice (and warns of the performance drop). The
+common case, q and k vmapped over (a model ensemble, per-sample gradients, ``jacfwd``) with the
+positions, frequencies and cos/sin tables shared, folds the vmapped dimension into the op's batch
+dimension (``bhsd``/``bshd``: ``[V, B, ...]`` -> ``[V * B, ...]``, per-row positions and tables
+repeated per batch row) and calls the op once: each row is rotated exactly as in its own call. When
+only one of q and k is vmapped (the other captured), the other is rotated once, in a call of its
+own, and returned unbatched instead of copied to every slice. Anything else (vmapped positions,
+frequencies or tables, the packed ``thd`` layout) is run slice by slice, as torch's fallback would.
+The biases (and their backwards) fold a vmapped weight or slopes into their heads (:func:`_bias_vmap`).
 """
 from __future__ import annotations
 
+import functools
+from typing import Callable, NamedTuple
+
 import torch
+import torch.autograd.forward_ad as _fwad
 from torch._C._functorch import TransformType
 from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 
@@ -40,13 +48,6 @@ def _slice(t, dim, i: int):
     return t if t is None or dim is None else t.select(dim, i)
 
 
-def _foldable(q_all: torch.Tensor, k_all: torch.Tensor, positions, layout: str, shared: bool) -> bool:
-    if not shared or layout not in ("bhsd", "bshd") or k_all.shape[1] != q_all.shape[1]:
-        return False
-    # positions [S] or [..., 1, S] (every row alike) pass as they are; [..., B, S] are repeated per vmapped slice
-    return positions is None or positions.dim() < 2 or positions.shape[-2] in (1, q_all.shape[1])
-
-
 def _no_heads(t: torch.Tensor, layout: str) -> torch.Tensor:
     """An empty partner for the op: ``t``'s shape with 0 heads."""
     shape = list(t.shape)
@@ -54,47 +55,95 @@ def _no_heads(t: torch.Tensor, layout: str) -> torch.Tensor:
     return t.new_empty(shape)
 
 
-def _rope_vmap(info, in_dims, q, k, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset,
-               inverse):
-    q_dim, k_dim, pos_dim, cu_dim, freq_dim = in_dims[:5]
-    size = info.batch_size
-    op = torch.ops.posenc.rope.default
-    q_all, k_all = _front(q, q_dim, size), _front(k, k_dim, size)
-    shared = pos_dim is None and cu_dim is None and freq_dim is None and cu_seqlens is None
-    if _foldable(q_all, k_all, positions, layout, shared):
+# Per rotation op: its arguments indexed by the batch row (argument index -> that dimension, from
+# the end; an argument with fewer dims is shared by every row), the arguments that must be absent
+# to fold (rope's cu_seqlens), and where its layout is.
+_ROTATIONS = {"rope": ({2: -2}, (3,), 7), "rope_cos_sin": ({2: -3, 3: -3, 4: -2}, (), 5)}
+
+
+def _batch_rows(t, dim: int):
+    """How many batch rows ``t`` holds (its size at ``dim``), or None when it has no such dim."""
+    return None if t is None or t.dim() < -dim else t.shape[dim]
+
+
+def _rotation_vmap(name: str):
+    """The vmap rule of rotation op ``name`` (see the module docstring)."""
+    op = getattr(torch.ops.posenc, name).default
+    batch_indexed, absent, layout_at = _ROTATIONS[name]
+
+    def rule(info, in_dims, q, k, *rest):
+        q_dim, k_dim = in_dims[:2]
+        size = info.batch_size
+        q_all, k_all = _front(q, q_dim, size), _front(k, k_dim, size)
+        layout = rest[layout_at - 2]
         batch = q_all.shape[1]
-        folded_positions = positions
-        if positions is not None and positions.dim() >= 2 and positions.shape[-2] != 1:
-            folded_positions = positions.repeat(*([1] * (positions.dim() - 2)), size, 1)
-        rest = (inv_freq, attention_factor, interleaved, layout, offset, inverse)
+        foldable = (all(d is None for d in in_dims[2:]) and all(rest[i - 2] is None for i in absent)
+                    and layout in ("bshd", "bhsd") and k_all.shape[1] == batch
+                    and all(_batch_rows(rest[i - 2], d) in (None, 1, batch) for i, d in batch_indexed.items()))
+        if not foldable:  # each slice alone, as torch's fallback would
+            outs = [op(q_all[i], k_all[i], *[_slice(a, d, i) for a, d in zip(rest, in_dims[2:])]) for i in range(size)]
+            return (torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])), (0, 0)
+        folded_rest = list(rest)
+        for i, d in batch_indexed.items():  # rows of the folded batch v * batch + b read row b
+            t = rest[i - 2]
+            if _batch_rows(t, d) not in (None, 1):
+                reps = [1] * t.dim()
+                reps[t.dim() + d] = size
+                folded_rest[i - 2] = t.repeat(*reps)
 
         def folded(t_all: torch.Tensor) -> torch.Tensor:
             return t_all.reshape(size * batch, *t_all.shape[2:])
 
-        def alone(t: torch.Tensor, is_q: bool, pos) -> torch.Tensor:
+        def alone(t: torch.Tensor, is_q: bool, args) -> torch.Tensor:
             """q or k rotated by itself, its partner empty (an empty one needs no call)."""
             if t.numel() == 0:
                 return t.new_empty(t.shape)
             empty = _no_heads(t, layout)
-            return op(t, empty, pos, None, *rest)[0] if is_q else op(empty, t, pos, None, *rest)[1]
+            return op(t, empty, *args)[0] if is_q else op(empty, t, *args)[1]
 
         if q_dim is None or k_dim is None:
             # one of them the same in every slice (captured, say; or q alone's empty k): rotated once
             # and returned unbatched; the other folded
-            out_q = alone(q, True, positions) if q_dim is None else \
-                alone(folded(q_all), True, folded_positions).view(q_all.shape)
-            out_k = alone(k, False, positions) if k_dim is None else \
-                alone(folded(k_all), False, folded_positions).view(k_all.shape)
+            out_q = alone(q, True, rest) if q_dim is None else \
+                alone(folded(q_all), True, folded_rest).view(q_all.shape)
+            out_k = alone(k, False, rest) if k_dim is None else \
+                alone(folded(k_all), False, folded_rest).view(k_all.shape)
             return (out_q, out_k), (None if q_dim is None else 0, None if k_dim is None else 0)
-        out_q, out_k = op(folded(q_all), folded(k_all), folded_positions, None, *rest)
+        out_q, out_k = op(folded(q_all), folded(k_all), *folded_rest)
         return (out_q.view(q_all.shape), out_k.view(k_all.shape)), (0, 0)
-    outs = [op(q_all[i], k_all[i], _slice(positions, pos_dim, i), _slice(cu_seqlens, cu_dim, i),
-               _slice(inv_freq, freq_dim, i), attention_factor, interleaved, layout, offset, inverse)
-            for i in range(size)]
-    return (torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])), (0, 0)
+
+    return rule
 
 
-torch.library.register_vmap("posenc::rope", _rope_vmap)
+for _name in _ROTATIONS:
+    torch.library.register_vmap(f"posenc::{_name}", _rotation_vmap(_name))
+
+
+# The biases and their backwards compute each head on its own, from its own weight column (T5) or
+# slope (ALiBi): a vmapped parameter (per-sample gradients, jacfwd) folds into the heads, one call.
+def _bias_vmap(info, in_dims, t, *rest, op, heads_of, split):
+    """``t`` (the op's one tensor) with the vmapped dim folded into its heads (``heads_of``: [V, ...]
+    -> the op's input), the result split back per slice (``split``)."""
+    t = _front(t, in_dims[0], info.batch_size)
+    return split(op(heads_of(t), *rest), info.batch_size), 0
+
+
+def _register_bias_vmaps() -> None:
+    ops = torch.ops.posenc
+    folded_grad = lambda g: g.reshape(1, -1, *g.shape[3:])  # noqa: E731  [V, 1, H, q, k] -> [1, V*H, q, k]
+    bias_per_slice = lambda out, v: out.view(v, 1, -1, *out.shape[2:])  # noqa: E731  [1, V*H, q, k] -> [V, 1, H, q, k]
+    rules = {
+        "relative_position_bias": (lambda w: w.transpose(0, 1).reshape(w.shape[1], -1), bias_per_slice),
+        "relative_position_bias_backward": (folded_grad, lambda out, v: out.view(out.shape[0], v, -1).transpose(0, 1)),
+        "alibi_bias": (lambda s: s.reshape(-1), bias_per_slice),
+        "alibi_bias_backward": (folded_grad, lambda out, v: out.view(v, -1)),
+    }
+    for name, (heads_of, split) in rules.items():
+        torch.library.register_vmap(f"posenc::{name}", functools.partial(
+            _bias_vmap, op=getattr(ops, name).default, heads_of=heads_of, split=split))
+
+
+_register_bias_vmaps()
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:
@@ -145,18 +194,25 @@ def check_copyable(op: str, **pairs: tuple[torch.Tensor, torch.Tensor]) -> None:
                                "it cannot be written in place there; use apply_rope")
 
 
-_FORMULAS: dict = {}  # op name -> (setup_context, backward), as given to torch.library.register_autograd
+class Formula(NamedTuple):
+    setup_context: Callable  # (ctx, inputs, output), as torch.library.register_autograd takes it
+    backward: Callable  # (ctx, *grads) -> one gradient per op argument
+    jvp: Callable  # (ctx, *tangents: one per op argument, None where none) -> the outputs' tangents
 
 
-def register_autograd(name: str, backward, setup_context) -> None:
-    """``torch.library.register_autograd`` for ``posenc::<name>``, the formula kept for :func:`dispatch`."""
+_FORMULAS: dict[str, Formula] = {}  # op name -> its formulas
+
+
+def register_autograd(name: str, backward: Callable, setup_context: Callable, jvp: Callable) -> None:
+    """``torch.library.register_autograd`` for ``posenc::<name>``; the formulas, forward-mode's
+    ``jvp`` too (``_forward_ad``), kept for :func:`dispatch`."""
     torch.library.register_autograd(f"posenc::{name}", backward, setup_context=setup_context)
-    _FORMULAS[name] = (setup_context, backward)
+    _FORMULAS[name] = Formula(setup_context, backward, jvp)
 
 
 class _UnderTransform(torch.autograd.Function):
-    """``posenc::<name>`` with its registered formula, in the form torch.func runs (vmap: each step
-    vmapped, the op's own rule included)."""
+    """``posenc::<name>`` with its registered formulas, in the form torch.func and forward-mode AD
+    run (vmap: each step vmapped, the op's own rule included)."""
 
     generate_vmap_rule = True
 
@@ -167,11 +223,16 @@ class _UnderTransform(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.formula = inputs[0]
-        _FORMULAS[inputs[0]][0](ctx, inputs[1:], output)
+        ctx.set_materialize_grads(False)  # None, not zeros, for the tangents that are not given: refused or not
+        _FORMULAS[inputs[0]].setup_context(ctx, inputs[1:], output)
 
     @staticmethod
     def backward(ctx, *grads):
-        return (None, *_FORMULAS[ctx.formula][1](ctx, *grads))
+        return (None, *_FORMULAS[ctx.formula].backward(ctx, *grads))
+
+    @staticmethod
+    def jvp(ctx, _name, *tangents):
+        return _FORMULAS[ctx.formula].jvp(ctx, *tangents)
 
 
 _is_compiling = torch.compiler.is_compiling
@@ -186,11 +247,13 @@ _DIFFERENTIATING = (TransformType.Grad, TransformType.Jvp)
 
 
 def dispatch(name: str, *args):
-    """``torch.ops.posenc.<name>(*args)``; under a torch.func transform that differentiates (grad,
-    vjp, jacrev, ...; eager), through :class:`_UnderTransform` when the op has a backward. Under vmap
+    """``torch.ops.posenc.<name>(*args)``; through :class:`_UnderTransform` when the op has formulas
+    and, in eager mode, a forward-mode dual level is open (torch would drop the tangents) or a
+    torch.func transform that differentiates is active (grad, vjp, jacrev, jvp, ...). Under vmap
     alone the op itself runs: the Function would cost far more than the call (a decode step: ~1 ms
     against 0.2 ms)."""
-    if name in _FORMULAS and transforms_active() and any(
-            i.key() in _DIFFERENTIATING for i in retrieve_all_functorch_interpreters()):
+    if name in _FORMULAS and not _is_compiling() and (_fwad._current_level >= 0 or (
+            functorch_transforms_active() and any(
+                i.key() in _DIFFERENTIATING for i in retrieve_all_functorch_interpreters()))):
         return _UnderTransform.apply(name, *args)
     return getattr(torch.ops.posenc, name)(*args)

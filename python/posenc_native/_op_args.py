@@ -52,10 +52,12 @@ def tensor_fields(args: NamedTuple, skip: tuple = ()) -> list[tuple[str, torch.T
 
 
 def save_args(ctx: Any, args: NamedTuple) -> None:
-    """Keeps bound arguments for backward: the tensors through ``ctx.save_for_backward`` (so
-    autograd catches a later in-place change of them), the rest on ctx. :func:`saved_args` reads them back."""
+    """Keeps bound arguments for backward and jvp: the tensors through ``ctx.save_for_backward`` and
+    ``save_for_forward`` (so autograd catches a later in-place change of them), the rest on ctx.
+    :func:`saved_args` reads them back."""
     tensors = tensor_fields(args)
     ctx.save_for_backward(*[t for _, t in tensors])
+    ctx.save_for_forward(*[t for _, t in tensors])
     ctx.saved_names = [f for f, _ in tensors]
     ctx.args = args._replace(**dict.fromkeys(ctx.saved_names))
 

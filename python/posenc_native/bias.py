@@ -20,7 +20,7 @@ import torch
 
 from ._checks import check_int
 from ._contexts import is_traced_int, static_int, traced_int, untraced
-from ._forward_ad import tangents, through_linear
+from ._forward_ad import linear_jvp
 from ._functorch import dispatch, register_autograd
 from ._library import load_library
 from ._op_args import bind, call, input_grads
@@ -89,10 +89,6 @@ def relative_position_bias(weight: torch.Tensor, query_length: int, key_length: 
     Differentiable with respect to ``weight`` (a deterministic kernel sums the gradient per bucket
     and head).
     """
-    if (dual := tangents(weight)) is not None:  # a gather: linear in weight
-        return through_linear(lambda w: relative_position_bias(
-            w, query_length, key_length, bidirectional=bidirectional, num_buckets=num_buckets,
-            max_distance=max_distance, query_offset=query_offset), dual)
     nb = num_buckets if num_buckets is not None else (static_int(weight.shape[0]) if weight.dim() > 0 else 0)
     return dispatch("relative_position_bias", weight, check_int("query_length", query_length),
                     check_int("key_length", key_length), bool(bidirectional), int(nb), int(max_distance),
@@ -133,9 +129,6 @@ def alibi_bias(slopes: torch.Tensor, query_length: int, key_length: int, *, quer
 
     Differentiable with respect to ``slopes``.
     """
-    if (dual := tangents(slopes)) is not None:  # linear in slopes
-        return through_linear(lambda s: alibi_bias(s, query_length, key_length, query_offset=query_offset,
-                                                   dtype=dtype), dual)
     return dispatch("alibi_bias", slopes, check_int("query_length", query_length), check_int("key_length", key_length),
                     _offset(query_offset), dtype)
 
@@ -234,7 +227,10 @@ def _alibi_backward_backward(ctx, grad_slopes):
     return input_grads(ctx.args, grad=gg)
 
 
-register_autograd("relative_position_bias", _bias_backward, _bias_setup)
-register_autograd("relative_position_bias_backward", _bias_backward_backward, _bias_backward_setup)
-register_autograd("alibi_bias", _alibi_backward, _alibi_setup)
-register_autograd("alibi_bias_backward", _alibi_backward_backward, _alibi_backward_setup)
+register_autograd("relative_position_bias", _bias_backward, _bias_setup,
+                  linear_jvp("relative_position_bias", "weight"))  # a gather
+register_autograd("relative_position_bias_backward", _bias_backward_backward, _bias_backward_setup,
+                  linear_jvp("relative_position_bias_backward", "grad"))
+register_autograd("alibi_bias", _alibi_backward, _alibi_setup, linear_jvp("alibi_bias", "slopes"))
+register_autograd("alibi_bias_backward", _alibi_backward_backward, _alibi_backward_setup,
+                  linear_jvp("alibi_bias_backward", "grad"))

@@ -94,4 +94,8 @@ class ALiBi(DerivedBuffers):
             dtype = self.output_dtype
         if not torch.jit.is_scripting():  # eager: the function, its checks and torch.func/forward-AD rules
             return _bias.alibi_bias(self.slopes, query_length, key_length, query_offset=query_offset, dtype=dtype)
+        if self.slopes.dtype != torch.float32:  # cast after torch.jit.script: no Python ran to rebuild them
+            raise RuntimeError("ALiBi: its float32 slopes buffer was cast (a dtype cast of the scripted module, e.g. "
+                               ".half() or C++ module.to(kHalf)): cast the Python module before torch.jit.script, "
+                               "which keeps the slopes exact and gives biases of the cast dtype")
         return torch.ops.posenc.alibi_bias(self.slopes, query_length, key_length, query_offset, dtype)

@@ -10,7 +10,8 @@ from torch import nn
 from . import _fx, ops
 from ._contexts import static_int, tracing, untraced
 from ._derived_buffers import DerivedBuffers
-from ._rope_math import cos_sin_from_angles, rope_angles, rotate_half
+from ._forward_ad import tangents
+from ._rope_math import cos_sin_from_angles, rope_angles, rotate_every_two, rotate_half
 from .config import RopeConfig, YarnScaling
 
 __all__ = ["SinusoidalPositionalEncoding", "LearnablePositionalEncoding", "RotaryEmbedding",
@@ -88,6 +89,17 @@ class _ScriptFrequencies(DerivedBuffers):
         cfg = self.config  # (none for a config whose frequencies vary with the length)
         return {"_script_inv_freq": torch.empty(0, dtype=torch.float64) if cfg.needs_seq_len else cfg.op_inv_freq()}
 
+    def _checked_script_inv_freq(self) -> torch.Tensor:
+        """``_script_inv_freq`` in TorchScript code, refused once cast: a *scripted* module's
+        ``.float()`` / ``.half()`` (or ``module.to(torch::kFloat)`` in C++) runs no Python that could
+        rebuild it, and float32 frequencies are 0.06 rad off at position 1e6."""
+        inv_freq = self._script_inv_freq
+        if inv_freq.dtype != torch.float64:
+            raise RuntimeError("posenc_native rotary module: its float64 frequency buffer was cast (a "
+                               "dtype cast of the scripted module, e.g. .float() or C++ module.to(kFloat)): cast the "
+                               "Python module before torch.jit.script, which keeps its frequencies exact")
+        return inv_freq
+
 
 class RotaryEmbedding(_ScriptFrequencies):
     """Fused RoPE for a :class:`RopeConfig`: ``forward(q, k, positions) -> (q, k)``.
@@ -104,13 +116,21 @@ class RotaryEmbedding(_ScriptFrequencies):
         super().__init__()
         self.config = config
         self.layout = layout
-        # What forward compiled by TorchScript reads (it cannot call the Python API): the op's
-        # arguments from the config (no frequencies for one that depends on the sequence length: it does not script)
         self._register_derived_buffers()
-        self._script_attention_factor = float(config.attention_factor)
-        self._script_interleaved = bool(config.interleaved)
-        self._script_head_dim = int(config.head_dim)
-        self._script_rope_type = str(config.rope_type)
+
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        if name == "config":
+            # What forward compiled by TorchScript reads (it cannot call the Python API): the op's
+            # arguments from the config, set again with it (a config swapped on a built module:
+            # a scripted one followed the old config), frequencies included (none for one that
+            # depends on the sequence length: it does not script)
+            self._script_attention_factor = float(value.attention_factor)
+            self._script_interleaved = bool(value.interleaved)
+            self._script_head_dim = int(value.head_dim)
+            self._script_rope_type = str(value.rope_type)
+            if "_derived_buffer_names" in self.__dict__:
+                self._rebuild_derived_buffers()
 
     @classmethod
     def from_hf(cls, cfg, layer_type: Optional[str] = None, layout: str = "bshd") -> "RotaryEmbedding":
@@ -139,7 +159,8 @@ class RotaryEmbedding(_ScriptFrequencies):
                        offset: int, cu_seqlens: Optional[torch.Tensor]) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """forward as TorchScript runs it: torch.ops.posenc.rope with the config's arguments (the op
         checks the rest, as on the Python path)."""
-        if self._script_inv_freq.numel() == 0:  # (a config's frequencies are never empty)
+        inv_freq = self._checked_script_inv_freq()
+        if inv_freq.numel() == 0:  # (a config's frequencies are never empty)
             raise RuntimeError(f"RotaryEmbedding: {self._script_rope_type} frequencies depend on the sequence "
                                "length, which TorchScript code cannot compute; use torch.compile or torch.export")
         if q.dim() == 0 or q.size(-1) != self._script_head_dim:
@@ -149,7 +170,7 @@ class RotaryEmbedding(_ScriptFrequencies):
             shape = list(q.size())
             shape[2 if self.layout == "bshd" else 1] = 0
             k_arg = q.new_empty(shape)
-        q_out, k_out = torch.ops.posenc.rope(q, k_arg, positions, cu_seqlens, self._script_inv_freq,
+        q_out, k_out = torch.ops.posenc.rope(q, k_arg, positions, cu_seqlens, inv_freq,
                                              self._script_attention_factor, self._script_interleaved, self.layout,
                                              offset, False)
         if k is None:
@@ -171,7 +192,8 @@ if ops._FAST is not None:
 def _fused_cos_sin_ok(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     """Whether ``x * cos + rotate_half(x) * sin`` can run as the fused op: x ``[B,H,S,D]`` (or
     ``[B,S,D]``) with cos/sin ``[S,D]`` or ``[B or 1,S,D]`` on the same device, and no gradient
-    wanted for cos/sin (the op differentiates q and k only). Anything else takes the plain formula."""
+    wanted for cos/sin, nor a tangent on them (the op differentiates q and k only). Anything else takes
+    the plain formula."""
     if tracing():  # torch.jit.trace: decided on this trace's shapes as ints (the same at other lengths)
         with untraced():
             return _fused_cos_sin_ok(x, cos, sin)
@@ -182,6 +204,8 @@ def _fused_cos_sin_ok(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
     if x.device != cos.device or x.device != sin.device:
         return False
     if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
+        return False
+    if tangents(cos, sin) is not None:
         return False
     d, s = x.shape[-1], x.shape[-2]
     if d % 2 or cos.shape[-1] != d or cos.shape[-2] != s:
@@ -204,9 +228,27 @@ class _SeedRotary(_ScriptFrequencies):
         in TorchScript from the buffer, which holds the same frequencies)."""
         t = torch.arange(seq_len, device=device)
         if torch.jit.is_scripting():
-            return t.to(torch.float64)[:, None] * self._script_inv_freq.to(device)
+            return t.to(torch.float64)[:, None] * self._checked_script_inv_freq().to(device)
         else:
             return rope_angles(t, self.config.inv_freq_on(device))
+
+
+def _apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x * cos + rotate_half(x) * sin`` with broadcasting, as in the seed (x ``[..., seq, dim]``,
+    cos/sin ``[seq, dim]``). Runs as one fused kernel when the shapes allow (x ``[B,H,S,D]`` or
+    ``[B,S,D]``, cos/sin ``[S,D]`` or ``[B,S,D]``), else (and in TorchScript) as the plain formula."""
+    if not torch.jit.is_scripting():
+        proxy = _fx.proxy_in(x, cos, sin)
+        if proxy is not None:  # the choice needs real shapes
+            return _fx.record_call(proxy, _apply_rotary_emb, x, cos, sin)
+        if _fused_cos_sin_ok(x, cos, sin):
+            x4 = x if x.dim() == 4 else x.unsqueeze(1)
+            if x4.stride(-1) != 1:
+                x4 = x4.contiguous()
+            empty_k = x4.new_empty((x4.shape[0], 0, x4.shape[2], x4.shape[3]))
+            out, _ = ops.apply_rotary_pos_emb(x4, empty_k, cos, sin, unsqueeze_dim=1)
+            return out if x.dim() == 4 else out.squeeze(1)
+    return x * cos + rotate_half(x) * sin
 
 
 class RoPEPositionalEncoding(_SeedRotary):
@@ -236,23 +278,7 @@ class RoPEPositionalEncoding(_SeedRotary):
         """``[-x2, x1]`` for ``x = [x1, x2]`` split in halves."""
         return rotate_half(x)
 
-    @staticmethod
-    def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """``x * cos + rotate_half(x) * sin`` with broadcasting, as in the seed (x ``[..., seq, dim]``,
-        cos/sin ``[seq, dim]``). Runs as one fused kernel when the shapes allow (x ``[B,H,S,D]`` or
-        ``[B,S,D]``, cos/sin ``[S,D]`` or ``[B,S,D]``), else (and in TorchScript) as the plain formula."""
-        if not torch.jit.is_scripting():
-            proxy = _fx.proxy_in(x, cos, sin)
-            if proxy is not None:  # the choice needs real shapes
-                return _fx.record_call(proxy, RoPEPositionalEncoding.apply_rotary_emb, x, cos, sin)
-            if _fused_cos_sin_ok(x, cos, sin):
-                x4 = x if x.dim() == 4 else x.unsqueeze(1)
-                if x4.stride(-1) != 1:
-                    x4 = x4.contiguous()
-                empty_k = x4.new_empty((x4.shape[0], 0, x4.shape[2], x4.shape[3]))
-                out, _ = ops.apply_rotary_pos_emb(x4, empty_k, cos, sin, unsqueeze_dim=1)
-                return out if x.dim() == 4 else out.squeeze(1)
-        return x * cos + rotate_half(x) * sin
+    apply_rotary_emb = staticmethod(_apply_rotary_emb)
 
     def rotate(self, q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None,
                *, layout: str = "bhsd", offset: int = 0):
@@ -277,8 +303,9 @@ class YaRNPositionalEncoding(_SeedRotary):
     This class keeps the seed's name and arguments with the real method.
 
     ``forward(seq_len, device=None)`` returns ``(cos, sin)``, each ``[seq_len, dim]`` (half-split
-    layout ``cat(c, c)``, attention factor applied, float32); :meth:`apply_rotary_emb` applies them,
-    and :meth:`rotate` rotates q and k in one fused kernel.
+    layout ``cat(c, c)``, or ``repeat_interleave(c, 2)`` with ``interleaved=True``; attention factor
+    applied, float32); :meth:`apply_rotary_emb` applies them with the same pairing, and
+    :meth:`rotate` rotates q and k in one fused kernel.
     """
 
     def __init__(self, dim: int, base: float = 10000, original_max_position_embeddings: int = 2048,
@@ -306,7 +333,14 @@ class YaRNPositionalEncoding(_SeedRotary):
         return cos_sin_from_angles(angles, self.attention_factor, self.interleaved, torch.float32)
 
     rotate_half = staticmethod(rotate_half)
-    apply_rotary_emb = staticmethod(RoPEPositionalEncoding.apply_rotary_emb)
+
+    def apply_rotary_emb(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``x * cos + rotate(x) * sin`` paired as this module pairs, for :meth:`forward`'s tables:
+        half-split as :meth:`RoPEPositionalEncoding.apply_rotary_emb` (fused where the shapes allow),
+        or with ``interleaved=True`` pairs ``(2i, 2i+1)``."""
+        if self.interleaved:
+            return x * cos + rotate_every_two(x) * sin
+        return _apply_rotary_emb(x, cos, sin)
 
     def rotate(self, q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None,
                *, layout: str = "bhsd", offset: int = 0):

@@ -20,8 +20,8 @@ from ._checks import check_tensor as _check_tensor
 from ._contexts import MODES_ACTIVE, for_the_cache, is_traced_int, plain_context, static_int, traced_int, tracing
 from ._contexts import untraced
 from ._contexts import warn_trace_keeps
-from ._forward_ad import make_dual as _make_dual, refuse_tangents as _refuse_tangents
-from ._forward_ad import tangents as _tangents, through_linear as _through_linear
+from ._forward_ad import dual_level_active as _dual_level_active, linear_jvp
+from ._forward_ad import scale_jvp, tangents as _tangents
 from ._library import load_library
 from ._op_args import arg_index as _arg_index, bind, call, input_grads, save_args, saved_args, tensor_fields
 from ._rope_math import HEAD_AXIS, LAYOUTS, SEQ_AXIS, axis_inv_freq, axis_mask, mrope_pair_axes, seq_len_from_positions
@@ -91,11 +91,9 @@ def sinusoidal_table(positions: Positions, dim: int, *, base: float = 10000.0, i
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__} {dtype!r}")
     pos = _positions_tensor(positions, device)
-    _refuse_tangents("sinusoidal_table", positions=pos)
-    return torch.ops.posenc.sinusoidal_table(pos, dim, _check_float("base", base), _check_bool("interleaved", interleaved),
-                                             _check_float("freq_shift", freq_shift),
-                                             _check_float("angle_scale", angle_scale),
-                                             _check_bool("cos_first", cos_first), dtype)
+    return _dispatch("sinusoidal_table", pos, dim, _check_float("base", base), _check_bool("interleaved", interleaved),
+                     _check_float("freq_shift", freq_shift), _check_float("angle_scale", angle_scale),
+                     _check_bool("cos_first", cos_first), dtype)
 
 
 def add_sinusoidal(x: torch.Tensor, positions: Optional[torch.Tensor] = None, *, offset: int = 0,
@@ -123,23 +121,27 @@ def add_sinusoidal(x: torch.Tensor, positions: Optional[torch.Tensor] = None, *,
                                cos_first=cos_first)
     x = _check_tensor("x", x)  # its shape is checked by the op (a 1-D x has no seq dim to default from)
     positions = _check_tensor("positions", positions, optional=True)
-    if (dual := _tangents(x)) is not None:  # d/dx (x * x_scale + PE) = x_scale
-        _refuse_tangents("add_sinusoidal", positions=positions)
-        out = add_sinusoidal(dual[0][0], positions, offset=offset, x_scale=x_scale, base=base, interleaved=interleaved,
-                             freq_shift=freq_shift, angle_scale=angle_scale, cos_first=cos_first)
-        return _make_dual(out, (dual[1][0] * _check_float("x_scale", x_scale)).to(out.dtype))
     offset = _check_int("offset", offset)
     if not -MAX_POSITION <= offset <= MAX_POSITION:
         raise ValueError(f"offset must lie in [-2**48, 2**48] (the position domain), got {offset}")
+    given = positions
     if positions is None:
         positions = torch.arange(x.shape[-2] if x.dim() >= 2 else 0, device=x.device) + offset
     elif offset:
         # int64 (float64) so that int32 positions plus a large offset cannot wrap; with |offset| and
         # the op's |position| both bounded by 2**48, no int64 sum wraps into the domain unnoticed.
         positions = positions.to(torch.float64 if positions.is_floating_point() else torch.int64) + offset
-    return _dispatch("add_sinusoidal", x, positions, _check_float("x_scale", x_scale), _check_float("base", base),
-                     _check_bool("interleaved", interleaved), _check_float("freq_shift", freq_shift),
-                     _check_float("angle_scale", angle_scale), _check_bool("cos_first", cos_first))
+    try:
+        return _dispatch("add_sinusoidal", x, positions, _check_float("x_scale", x_scale), _check_float("base", base),
+                         _check_bool("interleaved", interleaved), _check_float("freq_shift", freq_shift),
+                         _check_float("angle_scale", angle_scale), _check_bool("cos_first", cos_first))
+    except RuntimeError as e:
+        if not (offset and given is not None and given.numel() and "must lie in [-2^48, 2^48]" in str(e)):
+            raise
+        # the op saw the sum (perhaps wrapped in int64): the message names what was given
+        raise RuntimeError(f"posenc.add_sinusoidal: positions + offset must lie in [-2^48, 2^48] (the supported "
+                           f"position domain), got positions in [{given.min().item()}, {given.max().item()}] and "
+                           f"offset {offset}") from None
 
 
 @torch.library.register_fake("posenc::sinusoidal_table")
@@ -168,14 +170,25 @@ def _rows_like(x: torch.Tensor) -> torch.Tensor:
 
 
 def _add_sinusoidal_setup(ctx, inputs, output):
-    ctx.args = bind("add_sinusoidal", inputs)._replace(x=None, positions=None)
+    a = bind("add_sinusoidal", inputs)
+    _no_grad_for("posenc.add_sinusoidal", a, ("x",))
+    ctx.args = a._replace(x=None, positions=None)
 
 
 def _add_sinusoidal_backward(ctx, grad):
     return input_grads(ctx.args, x=grad * ctx.args.x_scale)
 
 
-_register_autograd("add_sinusoidal", _add_sinusoidal_backward, _add_sinusoidal_setup)
+_register_autograd("add_sinusoidal", _add_sinusoidal_backward, _add_sinusoidal_setup,
+                   scale_jvp("add_sinusoidal", "x", "x_scale"))  # d/dx (x * x_scale + PE) = x_scale
+
+
+def _sinusoidal_table_setup(ctx, inputs, output):  # float positions that want a gradient: refused
+    _no_grad_for("posenc.sinusoidal_table", bind("sinusoidal_table", inputs), ())
+
+
+_register_autograd("sinusoidal_table", lambda ctx, grad: None, _sinusoidal_table_setup,
+                   linear_jvp("sinusoidal_table"))  # (differentiable in nothing)
 
 # --------------------------------------------------------------------------------------------
 # RoPE
@@ -220,6 +233,11 @@ def rope_seq_len(config: "RopeConfig", q: torch.Tensor, positions: Optional[torc
         warn_trace_keeps(f"the {config.rope_type} frequencies of sequence length {seq_len}",
                          f"{config.rope_type} frequencies depend on the sequence length, which a trace cannot follow")
         return seq_len
+    for name, t in (("positions", positions), ("cu_seqlens", cu_seqlens)):
+        if t is not None and _is_batched(t):
+            raise ValueError(f"{config.rope_type} frequencies follow the sequence length, which a {name} tensor "
+                             f"vmapped by torch.func.vmap holds per slice: vmap q and k with {name} shared "
+                             "(in_dims None), or loop over the slices")
     if positions is not None and positions.numel() > 0:
         return seq_len_from_positions(positions, offset)
     if cu_seqlens is not None:
@@ -234,7 +252,7 @@ def _graph_seq_len(q: torch.Tensor, positions: Optional[torch.Tensor], layout: s
                    cu_seqlens: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """Under torch.compile / torch.export, :func:`rope_seq_len` as a 0-d int64 tensor when it is data
     (positions' maximum, cu_seqlens' longest sequence) or a dynamic size: the graph computes the
-    frequencies from it (RopeConfig.op_inv_freq_of_length) instead of reading it on the host, which
+    frequencies from it (RopeConfig.op_inv_freq_on, given the tensor) instead of reading it on the host, which
     would break the graph. None in eager mode."""
     if not _is_compiling():
         return None
@@ -392,26 +410,23 @@ def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, i
         interleaved = False if interleaved is None else _check_bool("interleaved", interleaved)
 
     # -- 3. the general path
-    if (dual := _tangents(q, k)) is not None:  # linear in q and k: a tangent rotates as they do
-        if in_place:
-            raise NotImplementedError("apply_rope_: forward-mode AD is not supported in place (use apply_rope)")
-        rest = (positions, config, inv_freq, attention_factor, interleaved, layout, offset, cu_seqlens, rotary_dim,
-                mrope_section, mrope_interleaved)
-        return _through_linear(lambda q_, k_: _rope(False, q_, k_, *rest), dual)
-    _refuse_tangents("apply_rope", positions=positions, inv_freq=inv_freq)
+    if in_place and _tangents(q, k) is not None:  # (the in-place op has no forward-mode formula)
+        raise NotImplementedError("apply_rope_: forward-mode AD is not supported in place (use apply_rope)")
     k_arg = _empty_k(q, layout) if k is None else k
     if config is not None:
         # frequencies cached per (config, device, regime), attention factor computed once: no host
         # work that depends only on the config, and positions are read only when the scheme needs it
-        length = _graph_seq_len(q, positions, layout, offset, cu_seqlens) if config.needs_seq_len else None
-        if length is not None:  # compiled: a length that is data, followed in the graph
-            inv_freq = config.op_inv_freq_of_length(length, q.device)
-        else:
-            seq_len = rope_seq_len(config, q, positions, layout, offset, cu_seqlens) if config.needs_seq_len else None
-            inv_freq = config.op_inv_freq_on(q.device, seq_len)
+        seq_len = None
+        if config.needs_seq_len:  # compiled: a 0-d tensor, followed in the graph; else an int
+            seq_len = _graph_seq_len(q, positions, layout, offset, cu_seqlens)
+            if seq_len is None:
+                seq_len = rope_seq_len(config, q, positions, layout, offset, cu_seqlens)
+        inv_freq = config.op_inv_freq_on(q.device, seq_len)
         attention_factor, interleaved = config.attention_factor, config.interleaved
     elif mrope_section is not None:
         inv_freq = _axis_layout_inv_freq(inv_freq, mrope_section, mrope_interleaved)
+    if inv_freq.requires_grad and torch.is_grad_enabled():
+        _refuse_grads("posenc.rope_" if in_place else "posenc.rope", ("q", "k"), inv_freq=inv_freq)
     args = (q, k_arg, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, False)
     if not in_place:
         with _autograd_skipped(q, k_arg):
@@ -423,7 +438,16 @@ def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, i
         _check_copyable("posenc.rope_", q=(q, q_out), k=(k_arg, k_out))
         q.copy_(q_out)
         k_arg.copy_(k_out)
-    elif torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k_arg.requires_grad)):
+    elif torch.compiler.is_compiling():
+        if torch.is_grad_enabled() and (q.requires_grad or k_arg.requires_grad):
+            # the in-place op's autograd (a Python kernel) traced by AOTAutograd gave rotated views
+            # of a non-leaf wrong gradients: the out-of-place op and copy_, whose autograd torch traces
+            q_out, k_out = _dispatch("rope", *args)
+            q.copy_(q_out)
+            k_arg.copy_(k_out)
+        else:
+            _rope_in_place_compiled(*[() if a is None else a for a in args])  # (nonstrict_trace takes no None)
+    elif torch.is_grad_enabled() and (q.requires_grad or k_arg.requires_grad):
         torch.ops.posenc.rope_(*args)
     else:  # what the Autograd and ADInplaceOrView kernels (below) would do, without their Python round trips
         if q.is_inference() or k_arg.is_inference():
@@ -440,12 +464,32 @@ if _FAST is not None:  # what torch.compile traces in place of the C function: t
 _NO_SKIP = contextlib.nullcontext()
 
 
+@torch._dynamo.nonstrict_trace  # (run on the graph's fake tensors, whose storage offsets dynamo cannot read)
+def _rope_in_place_compiled(q: torch.Tensor, k: torch.Tensor, *rest) -> torch.Tensor:
+    """The in-place rotation in compiled code. Inductor loses the storage offset of a view that a
+    custom op mutates when that offset is a symbol (dynamic shapes; torch 2.14, any such op:
+    ``qkv[:, :, 1]`` had ``qkv[:, :, 0]`` rotated instead): such views are rotated out of place and
+    copied back (torch's copy_, which inductor lowers right; ~6x the in-place time), every other
+    call in place. Absent arguments come as ``()``. Returns a placeholder (nonstrict_trace wants an output)."""
+    rest = tuple(None if isinstance(a, tuple) and not a else a for a in rest)
+    if isinstance(q.storage_offset(), torch.SymInt) or isinstance(k.storage_offset(), torch.SymInt):
+        q_out, k_out = torch.ops.posenc.rope(q, k, *rest)
+        q.copy_(q_out)
+        k.copy_(k_out)
+    else:
+        torch.ops.posenc.rope_(q, k, *rest)
+    return q.new_empty(())
+
+_is_batched = torch._C._functorch.is_batchedtensor  # a tensor vmapped by torch.func.vmap
+
+
 def _autograd_skipped(q: torch.Tensor, k: torch.Tensor):
     """Skips the ops' autograd kernel when no gradient can flow (eager mode only): that kernel is
     Python (``register_autograd`` below) and costs several microseconds per call even when no input
     requires grad, which dominates a decode step. Under torch.compile the kernel is traced away."""
     if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)) or (
-            torch.is_inference_mode_enabled()):  # no autograd key to skip
+            torch.is_inference_mode_enabled()  # no autograd key to skip
+            or _dual_level_active()):  # (a tangent goes through the autograd key)
         return _NO_SKIP
     return torch._C._AutoDispatchBelowAutograd()
 
@@ -538,10 +582,8 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     if isinstance(unsqueeze_dim, bool) or unsqueeze_dim not in (1, 2):
         raise ValueError(f"unsqueeze_dim must be 1 ([B,H,S,D]) or 2 ([B,S,H,D]), got {unsqueeze_dim!r}")
     positions, layout = _cos_sin_positions_layout(cos, position_ids, unsqueeze_dim)
-    if (dual := _tangents(q, k)) is not None:  # linear in q and k
-        _refuse_tangents("apply_rotary_pos_emb", cos=cos, sin=sin)
-        return _through_linear(lambda q_, k_: apply_rotary_pos_emb(q_, k_, cos, sin, position_ids, unsqueeze_dim), dual)
-    _refuse_tangents("apply_rotary_pos_emb", cos=cos, sin=sin)
+    if (cos.requires_grad or sin.requires_grad) and torch.is_grad_enabled():
+        _refuse_grads("posenc.rope_cos_sin", ("q", "k"), cos=cos, sin=sin)
     with _autograd_skipped(q, k):
         return _dispatch("rope_cos_sin", q, k, cos, sin, positions, layout, False)
 
@@ -593,13 +635,20 @@ def _grad_or_zeros(grad: Optional[torch.Tensor], meta) -> torch.Tensor:
     return grad if grad.stride(-1) == 1 or grad.shape[-1] <= 1 else grad.contiguous()
 
 
-def _no_grad_for(opname: str, args) -> None:
-    """The rotations differentiate q and k only: an angle input (inv_freq, cos, sin, ...) that
-    wants a gradient is an error, not a silently missing gradient."""
-    for name, t in tensor_fields(args, skip=("q", "k")):
-        if t.requires_grad:
-            raise RuntimeError(f"{opname}: {name} requires grad, but gradients flow only to q and k; detach {name} "
-                               "(or compute the rotation with plain torch ops if you need its gradient)")
+def _no_grad_for(opname: str, args, differentiated: tuple = ("q", "k")) -> None:
+    """The ops differentiate q and k (x) only: an angle input (inv_freq, cos, sin, float positions,
+    ...) that wants a gradient is an error, not a silently missing gradient."""
+    _refuse_grads(opname, differentiated, **dict(tensor_fields(args, skip=differentiated)))
+
+
+def _refuse_grads(opname: str, differentiated: tuple, **angles: Optional[torch.Tensor]) -> None:
+    """:func:`_no_grad_for` of the named tensors; also where no autograd kernel runs (q and k want
+    no gradient, so the entries skip it)."""
+    for name, t in angles.items():
+        if t is not None and t.requires_grad:
+            flows = f"gradients flow only to {' and '.join(differentiated)}" if differentiated else "the op has no gradient"
+            raise RuntimeError(f"{opname}: {name} requires grad, but {flows}; detach {name} (or compute the result "
+                               "with plain torch ops if you need its gradient)")
 
 
 # The rotations (rope, rope_cos_sin) are orthogonal up to the attention factor, which scales q and
@@ -621,8 +670,15 @@ def _rotation_backward(ctx, grad_q, grad_k):
     return input_grads(a, q=gq, k=gk)
 
 
-for _name in ("rope", "rope_cos_sin"):
-    _register_autograd(_name, _rotation_backward, functools.partial(_rotation_setup, _name))
+def _zeros_like_saved(ctx, field: str) -> torch.Tensor:
+    """A zero tangent for q or k (the jvp of a rotation whose other input carries one)."""
+    shape, dtype, device = ctx.metas[0 if field == "q" else 1]
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+for _name in ("rope", "rope_cos_sin"):  # linear in q and k: a tangent rotates as they do
+    _register_autograd(_name, _rotation_backward, functools.partial(_rotation_setup, _name),
+                       linear_jvp(_name, "q", "k", zeros=_zeros_like_saved))
 
 # --------------------------------------------------------------------------------------------
 # In-place ops and autograd: torch's rules for in-place ops (``mul_`` is the model), for the
@@ -690,6 +746,8 @@ def _register_inplace(name: str) -> None:
     def autograd_kernel(keyset, *args):
         q, k = args[iq], args[ik]
         if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)):
+            if torch.is_grad_enabled():  # an angle input that wants a gradient is refused all the same
+                _no_grad_for(opname, bind(name, args))
             with torch._C._AutoDispatchBelowAutograd():
                 return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
         _check_inplace_autograd(opname, q, k)
@@ -713,6 +771,17 @@ def _register_inplace(name: str) -> None:
         torch._C._increment_version((q, k))
 
     _IMPL_LIB.impl(name, ad_inplace_or_view_kernel, "ADInplaceOrView", with_keyset=True)
+
+    def negative_kernel(keyset, *args):
+        # A negative view (x.conj().imag) stores its values negated, and torch's fallback for them
+        # cannot run an op that writes two tensors ("Expected Tensor but got None"). Rotation is
+        # linear: rotating the stored values rotates the view's, so q and k go below as stored; the
+        # angle inputs (frequencies, cos/sin) are resolved.
+        args = [t.resolve_neg() if i not in (iq, ik) and isinstance(t, torch.Tensor) and t.is_neg() else t
+                for i, t in enumerate(args)]
+        op.redispatch(keyset.remove(torch._C.DispatchKey.Negative), *args)
+
+    _IMPL_LIB.impl(name, negative_kernel, "Negative", with_keyset=True)
 
 
 # --------------------------------------------------------------------------------------------

@@ -166,3 +166,19 @@ def test_bench_e2e_quick_vision_tower():
     diff = float(line.split("differ by at most ")[1].split(" ")[0])
     scale = float(line.split("largest output ")[1].rstrip(")"))
     assert diff <= 1e-4 * max(1.0, scale), line
+
+
+COMPILED_INPLACE = BENCH.parent / "bench_compiled_inplace.py"
+
+
+@pytest.mark.skipif(not COMPILED_INPLACE.exists(), reason="benchmarks/ not in this tree")
+def test_bench_compiled_inplace_quick():
+    """bench_compiled_inplace.py --quick prints its four rows, and the compiled in-place rotations it
+    timed (static and dynamic shapes) agree with eager's."""
+    proc = subprocess.run([sys.executable, str(COMPILED_INPLACE), "--quick"], capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ), cwd=COMPILED_INPLACE.parent.parent)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for row in ("in-place floor (two mul_)", "eager apply_rope_", "compiled apply_rope_", "compiled dynamic apply_rope_"):
+        assert any(line.startswith(row) and "x floor" in line for line in proc.stdout.splitlines()), proc.stdout
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("compiled results vs eager"))
+    assert float(line.rsplit(" ", 1)[1]) <= 1e-5, line

@@ -587,6 +587,12 @@ def test_angle_inputs_that_want_a_gradient_are_refused_on_every_path():
         with pytest.raises(RuntimeError, match="requires grad, but gradients flow only to q and k"):
             call()
         assert torch.equal(q, before[0]) and torch.equal(k, before[1])
+    for in_place in (False, True):  # compiled: refused while tracing (torch wraps the error)
+        rotate = pn.apply_rope_ if in_place else pn.apply_rope
+        before = q.clone(), k.clone()
+        with pytest.raises(Exception, match="inv_freq requires grad, but gradients flow only to q and k"):
+            torch.compile(lambda q, k: rotate(q, k, pos, inv_freq=learned), fullgraph=True)(q, k)
+        assert torch.equal(q, before[0]) and torch.equal(k, before[1])
     with torch.no_grad():  # no gradient wanted: rotated as with the same values
         got = pn.apply_rope(q, k, pos, inv_freq=learned)
     want = pn.apply_rope(q, k, pos, inv_freq=inv)

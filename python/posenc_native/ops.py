@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 
@@ -425,29 +425,22 @@ def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, i
         attention_factor, interleaved = config.attention_factor, config.interleaved
     elif mrope_section is not None:
         inv_freq = _axis_layout_inv_freq(inv_freq, mrope_section, mrope_interleaved)
-    if inv_freq.requires_grad and torch.is_grad_enabled():
-        _refuse_grads("posenc.rope_" if in_place else "posenc.rope", ("q", "k"), inv_freq=inv_freq)
     args = (q, k_arg, positions, cu_seqlens, inv_freq, attention_factor, interleaved, layout, offset, False)
     if not in_place:
-        with _autograd_skipped(q, k_arg):
+        with _autograd_skipped(q, k_arg, inv_freq):
             q_out, k_out = _dispatch("rope", *args)
         return q_out, (k_out if k is not None else None)
     if _functorch_active():  # the in-place op has no torch.func rule: the out-of-place one, copied back
         _check_writable_apart("posenc.rope_", q, k_arg)
-        q_out, k_out = _dispatch("rope", *args)
-        _check_copyable("posenc.rope_", q=(q, q_out), k=(k_arg, k_out))
-        q.copy_(q_out)
-        k_arg.copy_(k_out)
+        _rotate_and_copy_back(_dispatch_rope, *args, under_transform=True)
     elif torch.compiler.is_compiling():
-        if torch.is_grad_enabled() and (q.requires_grad or k_arg.requires_grad):
+        if _grad_wanted(q, k_arg, inv_freq):
             # the in-place op's autograd (a Python kernel) traced by AOTAutograd gave rotated views
             # of a non-leaf wrong gradients: the out-of-place op and copy_, whose autograd torch traces
-            q_out, k_out = _dispatch("rope", *args)
-            q.copy_(q_out)
-            k_arg.copy_(k_out)
+            _rotate_and_copy_back(_dispatch_rope, *args)
         else:
             _rope_in_place_compiled(*[() if a is None else a for a in args])  # (nonstrict_trace takes no None)
-    elif torch.is_grad_enabled() and (q.requires_grad or k_arg.requires_grad):
+    elif _grad_wanted(q, k_arg, inv_freq):  # (the autograd kernel refuses an inv_freq that wants a gradient)
         torch.ops.posenc.rope_(*args)
     else:  # what the Autograd and ADInplaceOrView kernels (below) would do, without their Python round trips
         if q.is_inference() or k_arg.is_inference():
@@ -473,22 +466,42 @@ def _rope_in_place_compiled(q: torch.Tensor, k: torch.Tensor, *rest) -> torch.Te
     call in place. Absent arguments come as ``()``. Returns a placeholder (nonstrict_trace wants an output)."""
     rest = tuple(None if isinstance(a, tuple) and not a else a for a in rest)
     if isinstance(q.storage_offset(), torch.SymInt) or isinstance(k.storage_offset(), torch.SymInt):
-        q_out, k_out = torch.ops.posenc.rope(q, k, *rest)
-        q.copy_(q_out)
-        k.copy_(k_out)
+        _rotate_and_copy_back(torch.ops.posenc.rope, q, k, *rest)
     else:
         torch.ops.posenc.rope_(q, k, *rest)
     return q.new_empty(())
 
+
+def _rotate_and_copy_back(rotate: Callable, q: torch.Tensor, k: torch.Tensor, *rest, under_transform: bool = False
+                          ) -> None:
+    """The in-place rotation where the in-place op cannot run (or runs wrong): ``rotate(q, k, *rest)``,
+    the out-of-place op, copied back into q and k; ``under_transform`` (torch.func): refused before
+    the first copy when a result cannot be written there (``_functorch.check_copyable``)."""
+    q_out, k_out = rotate(q, k, *rest)
+    if under_transform:
+        _check_copyable("posenc.rope_", q=(q, q_out), k=(k, k_out))
+    q.copy_(q_out)
+    k.copy_(k_out)
+
+
+def _dispatch_rope(*args):
+    return _dispatch("rope", *args)
+
+
 _is_batched = torch._C._functorch.is_batchedtensor  # a tensor vmapped by torch.func.vmap
 
 
-def _autograd_skipped(q: torch.Tensor, k: torch.Tensor):
-    """Skips the ops' autograd kernel when no gradient can flow (eager mode only): that kernel is
-    Python (``register_autograd`` below) and costs several microseconds per call even when no input
-    requires grad, which dominates a decode step. Under torch.compile the kernel is traced away."""
-    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)) or (
-            torch.is_inference_mode_enabled()  # no autograd key to skip
+def _grad_wanted(*tensors: torch.Tensor) -> bool:
+    """Whether autograd would record a call on ``tensors``: grad mode on and one requires grad."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _autograd_skipped(*inputs: torch.Tensor):
+    """Skips the ops' autograd kernel when no gradient can flow to the tensor ``inputs`` (eager mode
+    only): that kernel is Python (``register_autograd`` below) and costs several microseconds per
+    call even when no input requires grad, which dominates a decode step. Under torch.compile the
+    kernel is traced away. An angle input that wants a gradient keeps the kernel, which refuses it."""
+    if (torch.compiler.is_compiling() or _grad_wanted(*inputs) or torch.is_inference_mode_enabled()  # (no autograd key)
             or _dual_level_active()):  # (a tangent goes through the autograd key)
         return _NO_SKIP
     return torch._C._AutoDispatchBelowAutograd()
@@ -582,9 +595,7 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     if isinstance(unsqueeze_dim, bool) or unsqueeze_dim not in (1, 2):
         raise ValueError(f"unsqueeze_dim must be 1 ([B,H,S,D]) or 2 ([B,S,H,D]), got {unsqueeze_dim!r}")
     positions, layout = _cos_sin_positions_layout(cos, position_ids, unsqueeze_dim)
-    if (cos.requires_grad or sin.requires_grad) and torch.is_grad_enabled():
-        _refuse_grads("posenc.rope_cos_sin", ("q", "k"), cos=cos, sin=sin)
-    with _autograd_skipped(q, k):
+    with _autograd_skipped(q, k, cos, sin):
         return _dispatch("rope_cos_sin", q, k, cos, sin, positions, layout, False)
 
 
@@ -637,15 +648,10 @@ def _grad_or_zeros(grad: Optional[torch.Tensor], meta) -> torch.Tensor:
 
 def _no_grad_for(opname: str, args, differentiated: tuple = ("q", "k")) -> None:
     """The ops differentiate q and k (x) only: an angle input (inv_freq, cos, sin, float positions,
-    ...) that wants a gradient is an error, not a silently missing gradient."""
-    _refuse_grads(opname, differentiated, **dict(tensor_fields(args, skip=differentiated)))
-
-
-def _refuse_grads(opname: str, differentiated: tuple, **angles: Optional[torch.Tensor]) -> None:
-    """:func:`_no_grad_for` of the named tensors; also where no autograd kernel runs (q and k want
-    no gradient, so the entries skip it)."""
-    for name, t in angles.items():
-        if t is not None and t.requires_grad:
+    ...) that wants a gradient is an error, not a silently missing gradient. Run by the ops'
+    autograd kernels, which the Python entries keep for such an input (``_autograd_skipped``)."""
+    for name, t in tensor_fields(args, skip=differentiated):
+        if t.requires_grad:
             flows = f"gradients flow only to {' and '.join(differentiated)}" if differentiated else "the op has no gradient"
             raise RuntimeError(f"{opname}: {name} requires grad, but {flows}; detach {name} (or compute the result "
                                "with plain torch ops if you need its gradient)")

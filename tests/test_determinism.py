@@ -1,9 +1,10 @@
-"""Same inputs, same bits, whatever the thread count (CPU).
+"""Same inputs, same bits, whatever the thread count, the batch, or the cut of the sequence (CPU).
 
-The CPU kernels advance sin/cos from one position to the next and evaluate them directly at fixed
-rows (csrc/cpu/sincos_stream.h); these tests run every op with 1, 2 and 3 intra-op threads on sizes
-large enough to be split into several parallel chunks at odd places and require identical bits:
-both angle sources, both pairings, forward and inverse, out of place and in place, every dtype."""
+The CPU kernels evaluate sin/cos directly at anchor positions (multiples of 8) and rotate the rows
+past them (csrc/cpu/sincos_stream.h), so a row is a function of its position alone; these tests run
+every op with 1, 2 and 3 intra-op threads on sizes large enough to be split into several parallel
+chunks at odd places, each sequence alone and cut into pieces, and require identical bits: both
+angle sources, both pairings, forward and inverse, out of place and in place, every dtype."""
 from __future__ import annotations
 
 import pytest
@@ -127,8 +128,8 @@ def test_sinusoidal_thread_count_independent(dtype, interleaved):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("interleaved", (False, True))
 def test_rows_between_anchors_match_reference(dtype, interleaved):
-    """The float64 state moves only every 8th row and at direct rows; the rows between are the anchor's
-    row rotated in the math type (csrc/cpu/sincos_stream.h, fine rows). Against the float64 reference,
+    """Rows are direct at anchor positions (multiples of 8) and the anchor's row rotated in the math
+    type past them (csrc/cpu/sincos_stream.h). Against the float64 reference,
     forward and inverse, on every thread count: runs, repeats and jumps that land anywhere in a block
     of 8 rows (runs_of_positions), one sequence starting near 2^24, unit-norm pairs."""
     from posenc_native import reference
@@ -160,7 +161,7 @@ def test_rows_between_anchors_match_reference(dtype, interleaved):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("interleaved", (False, True))
 def test_encoding_rows_between_anchors_match_reference(dtype, interleaved):
-    """The sinusoidal ops' rows between float64 anchors are the anchor's row rotated in the math type
+    """The sinusoidal ops' rows past an anchor are the anchor's row rotated in the math type
     and written in the same pass (csrc/cpu/sinusoidal_cpu.cpp, EncodingRow): the table and
     add_sinusoidal against the float64 reference, on every thread count, on positions with runs,
     repeats and jumps anywhere in a block of 8 rows, one sequence near 2^24, both column orders and
@@ -194,8 +195,8 @@ def test_encoding_rows_between_anchors_match_reference(dtype, interleaved):
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
 def test_chunk_starting_on_a_repeated_position_matches_reference(dtype):
     """Every position twice (0, 0, 1, 1, ...): wherever a parallel chunk begins, its first row
-    repeats the row before it, which the chunk replays from the last directly computed row (csrc/cpu/
-    sincos_stream.h). The rows it then reuses must be that row's, on any thread count."""
+    repeats the row before it, whose anchor row and rotation the stream reuses (csrc/cpu/
+    sincos_stream.h). They must be that row's, on any thread count."""
     from posenc_native import reference
     g = torch.Generator().manual_seed(13)
     S, D = 301, 64
@@ -230,9 +231,9 @@ def _batch_cases(g: torch.Generator, batch: int, seq: int) -> dict[str, torch.Te
 def test_a_sequence_gets_the_same_bits_in_any_batch(dtype, interleaved, case):
     """Batch invariance: a sequence's rotation does not depend on the other sequences of the call
     (nor, so, on how torch.func.vmap folds a vmapped dimension into the batch): each batch row of one
-    call equals, bit for bit, a call on that row alone, on any thread count. The stream restarts at
-    each sequence's first row (csrc/cpu/sincos_stream.h); before, its anchors counted rows across
-    the batch, and a row's bits depended on its index in the batch."""
+    call equals, bit for bit, a call on that row alone, on any thread count (csrc/cpu/sincos_stream.h:
+    a row depends on its position alone; once, its anchors counted rows across the batch, and a row's
+    bits depended on its index in the batch)."""
     g = torch.Generator().manual_seed(31)
     B, S, D = 7, 45, 64
     pos = _batch_cases(g, B, S)[case]
@@ -267,3 +268,97 @@ def test_a_sequence_gets_the_same_encoding_bits_in_any_batch(dtype):
         got = with_threads(n, lambda: pn.add_sinusoidal(x, pos))
         for b in range(B):
             assert torch.equal(got[b:b + 1], pn.add_sinusoidal(x[b:b + 1], pos[b:b + 1])), (n, b)
+
+
+def _cuts(g: torch.Generator, length: int) -> list[tuple[int, int]]:
+    """[start, end) pieces of range(length): random chunk lengths from 1 (decode steps) to 40."""
+    cuts, start = [], 0
+    while start < length:
+        end = min(length, start + int(torch.randint(1, 41, (), generator=g)))
+        cuts.append((start, end))
+        start = end
+    return cuts
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("interleaved", (False, True))
+def test_a_token_gets_the_same_bits_however_its_sequence_is_cut(dtype, interleaved):
+    """Position invariance: a token's rotation depends on its position alone, not on where its call
+    begins. Chunked prefill, decode steps and a prefix cache's earlier call give, bit for bit, the
+    rows of one call over the whole sequence (the CPU stream once evaluated rows directly by their
+    index in the call and advanced the others, so ~half the float32 values moved by an ulp with the
+    chunking). Positions start mid-anchor and jump; the whole call matches the float64 reference."""
+    from posenc_native import reference
+    g = torch.Generator().manual_seed(41)
+    S, D = 230, 64
+    pos = runs_of_positions(g, 1, S) - 600_000  # negative positions too
+    q = torch.randn(1, S, 3, D, generator=g, dtype=torch.float64)
+    k = torch.randn(1, S, 1, D, generator=g, dtype=torch.float64)
+    cfg = pn.RopeConfig(head_dim=D, interleaved=interleaved,
+                        scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=4096))
+    whole_q, whole_k = pn.apply_rope(q.to(dtype), k.to(dtype), pos, config=cfg)
+    want_q, want_k = reference.apply_rope(q, k, pos, cfg)
+    atol = {torch.float64: 1e-10, torch.float32: 3e-6}.get(dtype, 6e-2)
+    torch.testing.assert_close(whole_q.double(), want_q, atol=atol, rtol=0)
+    torch.testing.assert_close(whole_k.double(), want_k, atol=atol, rtol=0)
+    for n in (1, 3):
+        cut_q, cut_k = q.to(dtype).clone(), k.to(dtype).clone()  # rotated in place, piece by piece
+        for a, b in _cuts(g, S):
+            with_threads(n, lambda: pn.apply_rope_(cut_q[:, a:b], cut_k[:, a:b], pos[:, a:b], config=cfg))
+        assert torch.equal(cut_q, whole_q) and torch.equal(cut_k, whole_k), n
+    # packed sequences (cu_seqlens, an offset): each token as in a call of one sequence from position 0
+    lengths = torch.tensor([13, 1, 70, 9])
+    cu = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    qt = torch.randn(int(cu[-1]), 2, D, generator=g, dtype=torch.float64).to(dtype)
+    packed, _ = pn.apply_rope(qt, None, None, config=cfg, layout="thd", cu_seqlens=cu, offset=5)
+    for i in range(len(lengths)):
+        for a, b in _cuts(g, int(lengths[i])):
+            part = qt[int(cu[i]) + a:int(cu[i]) + b]
+            alone, _ = pn.apply_rope(part, None, torch.arange(a, b) + 5, config=cfg, layout="thd")
+            assert torch.equal(packed[int(cu[i]) + a:int(cu[i]) + b], alone), (i, a, b)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+def test_an_encoding_row_gets_the_same_bits_however_its_sequence_is_cut(dtype):
+    """The sinusoidal ops alike: table rows and add_sinusoidal rows (with an offset, as a decoder
+    adds them step by step) equal one call over the whole sequence, which matches the reference."""
+    from posenc_native import reference
+    g = torch.Generator().manual_seed(42)
+    S, D = 150, 96
+    whole_table = pn.sinusoidal_table(torch.arange(1000, 1000 + S), D, dtype=dtype)
+    torch.testing.assert_close(whole_table.double(), reference.sinusoidal_table(torch.arange(1000, 1000 + S), D),
+                               atol=3e-7 if dtype == torch.float32 else 8e-3, rtol=0)
+    x = torch.randn(1, S, D, generator=g, dtype=torch.float64).to(dtype)
+    whole = pn.add_sinusoidal(x, offset=1000)
+    for a, b in _cuts(g, S):
+        assert torch.equal(pn.sinusoidal_table(torch.arange(1000 + a, 1000 + b), D, dtype=dtype), whole_table[a:b])
+        assert torch.equal(pn.add_sinusoidal(x[:, a:b], offset=1000 + a), whole[:, a:b]), (a, b)
+
+
+@pytest.mark.parametrize("axes", ["sections", "interleaved sections", "mixed frequencies"])
+def test_a_multi_axis_token_gets_the_same_bits_however_its_sequence_is_cut(axes):
+    """Multi-axis positions (three axes: text runs, image patches) alike: each axis anchored on its
+    own in the axis layouts (contiguous MRoPE sections, interleaved ones), every row direct where a
+    pair's frequencies mix axes; against the float64 reference too."""
+    from posenc_native import reference
+    g = torch.Generator().manual_seed(43)
+    S, D = 120, 64
+    text = torch.arange(40)
+    h, w = torch.meshgrid(torch.arange(8), torch.arange(5), indexing="ij")
+    image = torch.stack([torch.full((40,), 40), 40 + h.flatten(), 40 + w.flatten()])
+    pos = torch.cat([text.expand(3, 40), image, (torch.arange(40) + 48).expand(3, 40)], 1)[:, None]  # [3, 1, S]
+    q = torch.randn(1, S, 2, D, generator=g, dtype=torch.float64)
+    if axes == "mixed frequencies":  # [3, D/2], every entry non-zero
+        inv = torch.rand(3, D // 2, generator=g, dtype=torch.float64) * 0.5
+        rotate = lambda x, p: pn.apply_rope(x, None, p, inv_freq=inv)[0]  # noqa: E731
+        angle = torch.einsum("as,ai->si", pos[:, 0].double(), inv)[None, :, None]  # sum over axes, [1, S, 1, D/2]
+        x1, x2 = q[..., :D // 2], q[..., D // 2:]
+        want = torch.cat([x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin()], -1)
+    else:
+        cfg = pn.RopeConfig(head_dim=D, mrope_section=[8, 12, 12], mrope_interleaved=axes == "interleaved sections")
+        rotate = lambda x, p: pn.apply_rope(x, None, p, config=cfg)[0]  # noqa: E731
+        want = reference.apply_rope(q, None, pos, cfg)[0]
+    whole = rotate(q.float(), pos)
+    torch.testing.assert_close(whole.double(), want, atol=3e-6, rtol=0)
+    for a, b in _cuts(g, S):
+        assert torch.equal(rotate(q[:, a:b].float(), pos[:, :, a:b]), whole[:, a:b]), (a, b)

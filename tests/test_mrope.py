@@ -347,8 +347,8 @@ def test_module_and_reference_tables():
 
 
 def test_thread_count_does_not_change_bits():
-    """The CPU stream advances rows along each axis; a parallel chunk replays from the last direct
-    row, so 1 and 2 threads give the same bits on a VL prompt (text, image rows, text)."""
+    """The CPU stream evaluates every multi-axis row from its positions alone, so 1 and 2 threads give
+    the same bits on a VL prompt (text, image rows, text)."""
     gen = torch.Generator().manual_seed(14)
     cfg = RopeConfig(head_dim=128, base=1e6, mrope_section=(16, 24, 24))
     pos = vl_positions(1, 37, (2, 9, 16), 200)

@@ -255,8 +255,8 @@ def test_precision_at_long_positions(device, interleaved):
 def test_float64_rows_as_exact_as_their_float64_angles(interleaved, start, by_offset):
     """float64 output against the exact rotation (mpmath, 200 bits, by the binary values of inv_freq):
     within half an ulp of the largest angle, the rounding of ``position * inv_freq`` itself, at
-    positions where that exceeds the 1e-12 bound; consecutive positions, so the rows between the
-    kernel's anchors (rotated from an anchor's angle, not evaluated again) are covered too."""
+    positions where that exceeds the 1e-12 bound; consecutive positions (float64 rows are each
+    evaluated directly on the CPU; the float32 rows past an anchor are rotated from it)."""
     mpmath = pytest.importorskip("mpmath")
     mpmath.mp.prec = 200
     gen = torch.Generator().manual_seed(start % 1000 + interleaved)

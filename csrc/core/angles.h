@@ -82,8 +82,7 @@ POSENC_HD void sincos_row(double position, const double* __restrict__ freq, int6
 namespace posenc {
 
 // One pair's (sin, cos) advanced from angle t to t + step: the angle-addition formulas (a rotation
-// by step), in float64 for the stream's state, or in the math type for the rows between its anchors
-// (rotate_sincos_row).
+// by step), in the math type: the rows past the CPU stream's anchors (rotate_sincos_row).
 template <typename F>
 POSENC_HD void advance_sincos(F& s, F& c, F step_sin, F step_cos) {
   const F s2 = s * step_cos + c * step_sin;
@@ -92,29 +91,9 @@ POSENC_HD void advance_sincos(F& s, F& c, F step_sin, F step_cos) {
   c = c2;
 }
 
-// Advances every (sin, cos) of a row from angle t_i to t_i + step_i (advance_sincos); with
-// kWriteMath also writes them times `amplitude` in the math type. Consecutive positions cost a few
-// multiply-adds instead of a sin/cos each; in float64 the error grows by ~1e-16 a step, so a row
-// computed directly every few dozen steps keeps the result as exact as sincos_of.
-template <bool kWriteMath, typename M>
-POSENC_HD void advance_sincos_row(double* __restrict__ sin_state, double* __restrict__ cos_state,
-                                  const double* __restrict__ step_sin, const double* __restrict__ step_cos, int64_t n,
-                                  M amplitude, M* __restrict__ sin_out, M* __restrict__ cos_out) {
-  for (int64_t i = 0; i < n; ++i) {
-    double s = sin_state[i], c = cos_state[i];
-    advance_sincos(s, c, step_sin[i], step_cos[i]);
-    sin_state[i] = s;
-    cos_state[i] = c;
-    if constexpr (kWriteMath) {
-      sin_out[i] = static_cast<M>(s) * amplitude;
-      cos_out[i] = static_cast<M>(c) * amplitude;
-    }
-  }
-}
-
-// A row at angles t_i + step_i from the row at t_i, in the math type: the rows between the stream's
-// float64 anchors (cpu/sincos_stream.h), from the anchor's row (amplitude included) and the step's
-// sin/cos rounded to M. Each value is within a few ulp of M of the anchor's error.
+// A row at angles t_i + step_i from the row at t_i, in the math type: the rows past the stream's
+// anchors (cpu/sincos_stream.h), from the anchor's row (amplitude included) and the step's sin/cos
+// (sincos_row of the step). Each value is within a few ulp of M of the two rows' errors.
 template <typename M>
 POSENC_HD void rotate_sincos_row(const M* __restrict__ sin_in, const M* __restrict__ cos_in,
                                  const M* __restrict__ step_sin, const M* __restrict__ step_cos, int64_t n,

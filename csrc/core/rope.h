@@ -174,25 +174,9 @@ POSENC_HD void set_factors(M* C, M* S, int64_t pairs, int64_t i, M c1, M s1, M c
 }
 
 // Every pair's factors on the CPU, once per token, from the angle stream (cpu/sincos_stream.h;
-// c1 = c2, s1 = s2: angles from frequencies): from its float64 state times the amplitude, advanced
-// a step as advance_sincos_row does and written in the same pass, or as the state stands; or from
-// its math rows. restrict: the compiler can then vectorize these loops and keep them in registers
-// (a cost paid per token that shows against the memory floor).
-template <bool kInterleaved, bool kInverse, typename M>
-inline void advance_factor_rows(double* __restrict__ sin_state, double* __restrict__ cos_state,
-                                const double* __restrict__ step_sin, const double* __restrict__ step_cos,
-                                int64_t pairs, M amplitude, M* __restrict__ C, M* __restrict__ S) {
-  for (int64_t i = 0; i < pairs; ++i) {
-    double s = sin_state[i], c = cos_state[i];
-    advance_sincos(s, c, step_sin[i], step_cos[i]);
-    sin_state[i] = s;
-    cos_state[i] = c;
-    const M sm = static_cast<M>(s) * amplitude, cm = static_cast<M>(c) * amplitude;
-    set_factors<kInterleaved, kInverse>(C, S, pairs, i, cm, sm, cm, sm);
-  }
-}
-
-// From a row of the math type rotated by a step (rotate_sincos_row): the rows between the stream's anchors.
+// c1 = c2, s1 = s2: angles from frequencies): from its math rows, or from an anchor's row rotated
+// by a step, written in the same pass. restrict: the compiler can then vectorize these loops and
+// keep them in registers (a cost paid per token that shows against the memory floor).
 template <bool kInterleaved, bool kInverse, typename M>
 inline void rotated_factor_rows(const M* __restrict__ sin_in, const M* __restrict__ cos_in,
                                 const M* __restrict__ step_sin, const M* __restrict__ step_cos, int64_t pairs,
@@ -201,15 +185,6 @@ inline void rotated_factor_rows(const M* __restrict__ sin_in, const M* __restric
     M s = sin_in[i], c = cos_in[i];
     advance_sincos(s, c, step_sin[i], step_cos[i]);
     set_factors<kInterleaved, kInverse>(C, S, pairs, i, c, s, c, s);
-  }
-}
-
-template <bool kInterleaved, bool kInverse, typename M>
-inline void factor_rows_from_state(const double* __restrict__ sin_state, const double* __restrict__ cos_state,
-                                   int64_t pairs, M amplitude, M* __restrict__ C, M* __restrict__ S) {
-  for (int64_t i = 0; i < pairs; ++i) {
-    const M sm = static_cast<M>(sin_state[i]) * amplitude, cm = static_cast<M>(cos_state[i]) * amplitude;
-    set_factors<kInterleaved, kInverse>(C, S, pairs, i, cm, sm, cm, sm);
   }
 }
 

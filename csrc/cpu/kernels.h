@@ -6,7 +6,7 @@
 // The hot loops are compiled twice, for baseline x86-64 and for AVX2, and
 // the CPU picks at load time; elsewhere they are compiled once. `flatten` inlines the helpers into
 // each clone, so they are compiled for its instruction set too (an arch= clone could not inline them).
-// Rarely run helpers are marked [[gnu::noinline]] (the angle stream's replay and step rows,
+// Rarely run helpers are marked [[gnu::noinline]] (the angle stream's step rows,
 // cpu/sincos_stream.h): flattened into every clone they made rope_cpu.cpp take 3.5 min to compile.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define POSENC_CPU_CLONES __attribute__((target_clones("default", "avx2"), flatten))

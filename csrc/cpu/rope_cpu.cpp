@@ -75,12 +75,6 @@ template <bool kInterleaved, bool kInverse, typename M>
 struct FactorRows {
   M* C;
   M* S;
-  void advance(double* ss, double* cs, const double* step_s, const double* step_c, int64_t pairs, M amplitude) const {
-    advance_factor_rows<kInterleaved, kInverse>(ss, cs, step_s, step_c, pairs, amplitude, C, S);
-  }
-  void from_state(const double* ss, const double* cs, int64_t pairs, M amplitude) const {
-    factor_rows_from_state<kInterleaved, kInverse>(ss, cs, pairs, amplitude, C, S);
-  }
   void rotated(const M* s, const M* c, const M* step_s, const M* step_c, int64_t pairs) const {
     rotated_factor_rows<kInterleaved, kInverse>(s, c, step_s, step_c, pairs, C, S);
   }
@@ -133,22 +127,19 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
       }
       freq = sums;
     }
-    SinCosStream<M> angles(freq, pairs, static_cast<M>(p.attention_factor), axes, SinCosStream<M>::kFineEvery);
-    int64_t now = begin;  // the token whose (b, s) are (tb, ts); the stream may ask for earlier ones
-    const auto position_of = [&](int64_t t, double* out) {  // every axis of token t
-      const int64_t b = t == now ? tb : t / p.seq, s = t == now ? ts : t % p.seq;
-      for (int64_t a = 0; a < axes; ++a) out[a] = static_cast<double>(p.position(b, s, a));
+    SinCosStream<M> angles(freq, pairs, static_cast<M>(p.attention_factor), axes);
+    const auto position_of = [&](int64_t, double* out) {  // every axis of token (tb, ts)
+      for (int64_t a = 0; a < axes; ++a) out[a] = static_cast<double>(p.position(tb, ts, a));
     };
     const FactorRows<kInterleaved, kInverse, M> factor_rows{C, S};
     // Interleaved rows get their factor rows in the stream's own pass. Half-split rows keep the
     // stream's math rows (the uniform kernels read them): a second stream output in this function
     // cost the half-split loop registers, ~12 ns a token (benchmarks/RESULTS.md).
-    for (; now < end; ++now, next_token()) {
-      const int64_t local = p.cu_seqlens ? p.sequence_index(ts) : ts;  // its row in its sequence
+    for (int64_t t = begin; t < end; ++t, next_token()) {
       if constexpr (kInterleaved) {
-        angles.at(now, local, position_of, factor_rows);
+        angles.at(t, position_of, factor_rows);
       } else {
-        angles.at(now, local, position_of);
+        angles.at(t, position_of);
         if (uniform_rows) {
           rotate_heads_uniform<kInverse, T>(p, p.q, tb, ts, angles.cos(), angles.sin(), uniform);
           rotate_heads_uniform<kInverse, T>(p, p.k, tb, ts, angles.cos(), angles.sin(), uniform);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <new>
 #include <type_traits>
 #include <vector>
@@ -37,327 +38,230 @@ T* thread_rows(int64_t n) {
   if (static_cast<int64_t>(rows.size()) < n) rows = RowVector<T>(n);
   return rows.data();
 }
-enum RowSlot { kStreamMath, kStreamF64, kStreamSteps, kStreamFineSteps, kFactorRows, kOneAxisFreq };
+enum RowSlot { kStreamMath, kStreamF64, kStreamSteps, kStreamAxes, kFactorRows, kOneAxisFreq };
 
-// sin/cos(position * freq[i]) * amplitude for i < n, in the math type M, for row r of a problem
-// (a token or an encoding row) at position_of(r), the local-th row of its sequence (a batch row of
-// tokens, a packed sequence of cu_seqlens). Row r is computed directly with sincos_row when local
-// is a multiple of kDirectEvery (the sequence's first row included) or its position is neither row
-// r-1's nor row r-1's plus one; one past row r-1 it is advanced from it by a rotation in float64;
-// at row r-1's position (a decode batch, every row at one position) it repeats it (also at a
-// sequence's first row when row r-1 was direct: the same bits). Which rows are direct thus depends
-// only on the sequence's own positions and the row's index in it: not on where a parallel chunk
-// begins (a chunk's first row replays from the last direct row at or before it), so any thread
-// count gives the same bits, nor on the other sequences of the batch, so a sequence gets the same
-// bits in any batch (torch.func.vmap folds its dimension into the batch: python/posenc_native/_functorch.py).
-//
-// Fine rows (a consumer that asks for them with fine_every > 1, one axis): the float64 state then
-// moves only at anchor rows, the multiples of fine_every and the direct rows, by one rotation of
-// the d positions moved since the previous anchor (d <= fine_every). A row between two anchors, j
-// positions past its anchor, is the anchor's row in M rotated by j steps in M (rotate_sincos_row):
-// half the float64 work and no conversion per row, within a few ulp of M of the anchor's values
-// (docs/architecture.md). The rule is still one of row indices and positions only.
+// sin/cos(position * freq[i]) * amplitude for i < n, in the math type M, for rows of a problem (a
+// token, an encoding row) as the CPU loops visit them. Each row's values are a function of its
+// position alone: an integer position p is its anchor's row, evaluated directly (sincos_row) at
+// a = p - (p mod kAnchorEvery), rotated in M by the j = p - a positions past it (rotate_sincos_row,
+// with step rows sincos_row(j) formed once per stream); a non-integer position is direct, and so is
+// every float64 row (M = double: the truth dtype, whose angles are rounded as the reference rounds
+// them). So a token gets the same bits whatever else the call holds: any thread count or split into
+// chunks, any batch (torch.func.vmap folds its dimension into the batch:
+// python/posenc_native/_functorch.py), and any cut of its sequence (chunked prefill, a decode step, a
+// prefix cache's earlier call). Consecutive positions cost one direct row per kAnchorEvery rows and a
+// rotation (a few multiply-adds per pair) for the others, within a few ulp of M of the direct
+// values (docs/architecture.md).
 //
 // Multi-axis positions (n_axes rows of frequencies, freq[a * n + i]; core/rope.h, axis_angles): a
-// row's position is one value per axis, given by position_of(r, a), and its angles are the sum over
-// axes. The rule above holds axis by axis: a row whose every axis position is row r-1's or one past
-// it is advanced by one rotation per axis that moved (image patches along a row move on one axis),
-// or, when every axis moved (MRoPE text tokens), by one rotation by the sum of the axes' steps; any
-// other row is direct. Every row is an anchor.
+// row's position is one value per axis, and its angles the sum over axes. In the axis layout every
+// pair has one axis's frequency (zeros elsewhere): each axis then has its own anchor, the anchor row
+// is evaluated at the anchors, and pair i is rotated by the steps of its own axis (image patches
+// along a row move one axis, text tokens all). Frequencies that mix axes make every row direct.
 //
 // Each row's values (sin and cos times the amplitude, in M) go where the consumer wants them: to
-// sin() and cos() by default, or to an output of the consumer's, a type with three row loops:
-//   advance(sin_state, cos_state, step_sin, step_cos, n, amplitude): advance the float64 state a
-//     step (advance_sincos) and write the row, in one pass where it can;
-//   from_state(sin_state, cos_state, n, amplitude): write the row from the state as it stands;
-//   rotated(sin, cos, step_sin, step_cos, n): write a row between anchors (rotate_sincos_row).
+// sin() and cos() by default, or to an output of the consumer's, a type with two row writers:
+//   from_math(sin, cos, n): write the row from an anchor's or a direct row (amplitude included);
+//   rotated(sin, cos, step_sin, step_cos, n): write it from the anchor's row rotated by a step.
 // The RoPE loop passes its interleaved factor rows (cpu/rope_cpu.cpp), and the sinusoidal loop its
 // encoding rows (cpu/sinusoidal_cpu.cpp): each saves a pass over every row (benchmarks/RESULTS.md).
 template <typename M>
 class SinCosStream {
  public:
-  static constexpr int kDirectEvery = 64;
-  // Rows from one float64 anchor to the next with fine rows (RoPE, sinusoidal): a divisor of kDirectEvery, so
-  // every row direct by its index is an anchor; its steps' table (8 rows of M, 4 KiB for 128-dim
-  // heads) stays in L1. 16 and 32 measured no faster (benchmarks/RESULTS.md, "Fourteenth session").
-  static constexpr int kFineEvery = 8;
-  static_assert(kDirectEvery % kFineEvery == 0);
+  // Positions from one anchor to the next: its steps' table (8 rows of M, 4 KiB for 128-dim heads)
+  // stays in L1; rows rotated from float64 anchors 8 apart measured as fast as 16 and 32
+  // (benchmarks/RESULTS.md, "Fourteenth session").
+  static constexpr int kAnchorEvery = 8;
 
-  // No allocation (a decode step builds one stream per call): the math rows, every float64 row and
-  // axis position, and the steps' rows live in this thread's buffers (thread_rows).
-  SinCosStream(const double* freq, int64_t n, M amplitude, int64_t n_axes = 1, int64_t fine_every = 1)
-      : freq_(freq), n_(n), n_axes_(n_axes), row_(padded(n)), fine_(n_axes == 1 ? fine_every : 1),
-        amplitude_(amplitude) {
-    sin_ = thread_rows<M, kStreamMath>(4 * row_), cos_ = sin_ + row_;
-    fine_sin_ = cos_ + row_, fine_cos_ = fine_sin_ + row_;
+  // No allocation (a decode step builds one stream per call): the rows, the steps' table and the
+  // per-axis state live in this thread's buffers (thread_rows).
+  SinCosStream(const double* freq, int64_t n, M amplitude, int64_t n_axes = 1)
+      : freq_(freq), n_(n), n_axes_(n_axes), row_(padded(n)), amplitude_(amplitude) {
+    sin_ = thread_rows<M, kStreamMath>(6 * row_), cos_ = sin_ + row_;
+    rotated_sin_ = cos_ + row_, rotated_cos_ = rotated_sin_ + row_;
+    axis_steps_ = rotated_cos_ + row_;
     row_sin_ = sin_, row_cos_ = cos_;
-    double* f64 = thread_rows<double, kStreamF64>((n_axes > 1 ? 3 : 2) * row_ + 4 * padded(n_axes));
-    sin_state_ = f64, cos_state_ = sin_state_ + row_;
-    angle_ = n_axes > 1 ? cos_state_ + row_ : nullptr;
-    double* axes = f64 + (n_axes > 1 ? 3 : 2) * row_;
-    previous_ = axes, current_ = axes + padded(n_axes), replay_ = current_ + padded(n_axes);
-    before_ = replay_ + padded(n_axes);
+    const int64_t axes = padded(n_axes);
+    double* f64 = thread_rows<double, kStreamF64>(2 * row_ + 6 * axes);
+    angle_ = f64, axis_freq_ = angle_ + row_;
+    position_ = axis_freq_ + row_, anchors_ = position_ + axes, steps_at_ = anchors_ + axes;
+    rotated_at_ = steps_at_ + axes, axis_steps_at_ = rotated_at_ + axes, direct_at_ = axis_steps_at_ + axes;
+    std::fill(f64 + 2 * row_ + axes, f64 + 2 * row_ + 6 * axes, kNone);  // no row held yet
+    by_anchors_ = !std::is_same_v<M, double> && (n_axes == 1 || one_axis_per_pair());
   }
   SinCosStream(const SinCosStream&) = delete;
   SinCosStream& operator=(const SinCosStream&) = delete;
 
-  // Fills sin() and cos() for row `row`, the local-th row of its sequence: position_of(row) gives
-  // a row's position as a double, or, with several axes, position_of(row, out) writes its n_axes
-  // positions to out.
+  // Fills sin() and cos() for row `row`: position_of(row) gives its position as a double, or, with
+  // several axes, position_of(row, out) writes its n_axes positions to out.
   template <typename PositionOf>
-  void at(int64_t row, int64_t local, const PositionOf& position_of) {
-    at(row, local, position_of, MathRows{sin_, cos_, fine_sin_, fine_cos_});
+  void at(int64_t row, const PositionOf& position_of) {
+    at(row, position_of, MathRows{this});
   }
 
   // The same, with the row written to out (see above) instead: sin() and cos() are then not the row's.
   template <typename PositionOf, typename Out>
-  void at(int64_t row, int64_t local, const PositionOf& position_of, const Out& out) {
-    positions_of(position_of, row, current_);
-    if (row != next_row_) replay_to(row, local, position_of);
-    step(row, local, current_, out);
+  void at(int64_t row, const PositionOf& position_of, const Out& out) {
+    if constexpr (std::is_invocable_v<PositionOf, int64_t, double*>) {
+      position_of(row, position_);
+    } else {
+      position_[0] = static_cast<double>(position_of(row));
+    }
+    // Each axis' position split into its anchor and the j positions past it (p mod kAnchorEvery,
+    // exact: division by a power of two and floor are exact in double).
+    bool anchored = by_anchors_, moved = false, past = false;
+    for (int64_t a = 0; a < n_axes_ && anchored; ++a) {
+      const double p = position_[a], j = p - kAnchorEvery * std::floor(p * (1.0 / kAnchorEvery));
+      anchored = j == std::floor(j);  // (an integer position)
+      moved |= p - j != anchors_[a];
+      past |= j != 0;
+      steps_at_[a] = j;
+    }
+    if (!anchored) {  // direct (a repeat: as it is)
+      if (!same(position_, direct_at_)) {
+        evaluate(position_);
+        std::copy(position_, position_ + n_axes_, direct_at_);
+        std::fill(anchors_, anchors_ + n_axes_, kNone);
+      }
+      return out.from_math(sin_, cos_, n_);
+    }
+    if (moved) {
+      for (int64_t a = 0; a < n_axes_; ++a) anchors_[a] = position_[a] - steps_at_[a];
+      evaluate(anchors_);
+      std::fill(direct_at_, direct_at_ + n_axes_, kNone);
+    }
+    if (!past) return out.from_math(sin_, cos_, n_);
+    const M* steps = n_axes_ == 1 ? step_row(static_cast<int>(steps_at_[0])) : axis_step_row();
+    out.rotated(sin_, cos_, steps, steps + row_, n_);
   }
 
   const M* sin() const { return row_sin_; }
   const M* cos() const { return row_cos_; }
 
  private:
-  // The stream's own outputs (see above): none past the float64 state (the replayed rows, where
-  // rows between anchors are skipped, and the axes moved before the last); sin_ and cos_ (the
-  // anchor's row), or fine_sin_ and fine_cos_ (a row between anchors), the rows sin() and cos() hand out.
-  struct StateOnly {
-    void advance(double* ss, double* cs, const double* step_s, const double* step_c, int64_t n, M amplitude) const {
-      advance_sincos_row<false>(ss, cs, step_s, step_c, n, amplitude, static_cast<M*>(nullptr), static_cast<M*>(nullptr));
-    }
-  };
+  // The stream's own output: the anchor's (or a direct) row as it is, or rotated into
+  // rotated_sin_/rotated_cos_ (once per position: a decode batch at one position rotates it once).
   struct MathRows {
-    M* sin;
-    M* cos;
-    M* fine_sin;
-    M* fine_cos;
-    void advance(double* ss, double* cs, const double* step_s, const double* step_c, int64_t n, M amplitude) const {
-      advance_sincos_row<true>(ss, cs, step_s, step_c, n, amplitude, sin, cos);
-    }
-    void from_state(const double* ss, const double* cs, int64_t n, M amplitude) const {
-      math_rows_from_state(ss, cs, n, amplitude, sin, cos);
+    SinCosStream* stream;
+    void from_math(const M* s, const M* c, int64_t) const {
+      stream->row_sin_ = s, stream->row_cos_ = c;
     }
     void rotated(const M* s, const M* c, const M* step_s, const M* step_c, int64_t n) const {
-      rotate_sincos_row(s, c, step_s, step_c, n, fine_sin, fine_cos);
+      SinCosStream& st = *stream;
+      if (!st.same(st.position_, st.rotated_at_)) {
+        rotate_sincos_row(s, c, step_s, step_c, n, st.rotated_sin_, st.rotated_cos_);
+        std::copy(st.position_, st.position_ + st.n_axes_, st.rotated_at_);
+      }
+      st.row_sin_ = st.rotated_sin_, st.row_cos_ = st.rotated_cos_;
     }
   };
-  static void math_rows_from_state(const double* __restrict__ ss, const double* __restrict__ cs, int64_t n,
-                                   M amplitude, M* __restrict__ sin, M* __restrict__ cos) {
-    for (int64_t i = 0; i < n; ++i) {
-      sin[i] = static_cast<M>(ss[i]) * amplitude;
-      cos[i] = static_cast<M>(cs[i]) * amplitude;
-    }
-  }
-  template <typename Out>
-  static constexpr bool kStateOnly = std::is_same_v<Out, StateOnly>;
-  template <typename Out>
-  static constexpr bool kMathRows = std::is_same_v<Out, MathRows>;
 
   // Rows of whole cache lines (16 elements: 64 bytes of float), so every row starts on one.
   static int64_t padded(int64_t count) { return (count + 15) / 16 * 16; }
 
-  template <typename PositionOf>
-  void positions_of(const PositionOf& position_of, int64_t row, double* out) const {
-    if constexpr (std::is_invocable_v<PositionOf, int64_t, double*>) {
-      position_of(row, out);
-    } else {
-      out[0] = static_cast<double>(position_of(row));
-    }
-  }
+  bool same(const double* a, const double* b) const { return std::equal(a, a + n_axes_, b); }
 
-  // Can a row at `now` be reached from one at `before` (every axis the same or one past)?
-  bool follows(const double* now, const double* before) const {
-    for (int64_t a = 0; a < n_axes_; ++a) {
-      if (now[a] != before[a] + 1.0 && now[a] != before[a]) return false;
-    }
-    return true;
-  }
-  bool same(const double* now, const double* before) const { return std::equal(now, now + n_axes_, before); }
-
-  // A chunk's first row: replay from the last direct row at or before it. Out of line (it runs once
-  // per chunk): flattened into every CPU loop's clones, it and step_row tripled their compile time
-  // (cpu/kernels.h).
-  template <typename PositionOf>
-  [[gnu::noinline]] void replay_to(int64_t row, int64_t local, const PositionOf& position_of) {
-    int64_t r = row, l = local;
-    std::copy(current_, current_ + n_axes_, replay_);
-    while (l % kDirectEvery != 0) {
-      positions_of(position_of, r - 1, before_);
-      if (!follows(replay_, before_)) break;
-      --r, --l;
-      std::swap(replay_, before_);
-    }
-    for (int64_t t = r; t < row; ++t) {
-      positions_of(position_of, t, replay_);
-      step(t, l + (t - r), replay_, StateOnly{});
-    }
-  }
-
-  // One row after the previous one (row - 1, at previous_), by the rule above.
-  template <typename Out>
-  void step(int64_t row, int64_t local, const double* position, const Out& out) {
-    row_sin_ = sin_, row_cos_ = cos_;
-    const bool anchor = local % fine_ == 0;
-    if (row == next_row_ && local % kDirectEvery != 0 && follows(position, previous_)) {
-      if (!same(position, previous_)) direct_state_ = false;
-      if (n_axes_ == 1) moved_ += position[0] != previous_[0];
-      if (!anchor) {
-        between_anchors(out);
-      } else if (n_axes_ == 1) {
-        moved_ == 0 ? repeat(out) : advance(moved_ - 1, out);
-      } else {
-        int64_t last = -1, moved = 0;  // the last axis that moved: its rotation writes the math rows
-        for (int64_t a = 0; a < n_axes_; ++a) {
-          if (position[a] != previous_[a]) last = a, ++moved;
-        }
-        if (moved == n_axes_) {
-          advance(n_axes_, out);  // every axis: one rotation by the summed steps
-        } else if (last >= 0) {
-          for (int64_t a = 0; a < last; ++a) {
-            if (position[a] != previous_[a]) advance(a, StateOnly{});
-          }
-          advance(last, out);
-        } else {
-          repeat(out);
-        }
-      }
-      if (anchor) moved_ = 0;
-    } else if (row == next_row_ && direct_state_ && same(position, previous_)) {
-      repeat(out);  // a direct row's start at the direct state's position: what direct would write
-    } else {
-      direct(position, out);  // an anchor too
-      moved_ = 0;
-      direct_state_ = true;
-    }
-    std::copy(position, position + n_axes_, previous_);
-    next_row_ = row + 1;
-  }
-
-  // The same angles again: what advance writes, the state in M times the amplitude. Nothing to do
-  // when the math rows already hold it (a decode batch at one position: every row after the first).
-  template <typename Out>
-  void repeat(const Out& out) {
-    if constexpr (!kStateOnly<Out>) {
-      if (kMathRows<Out> && math_current_) return;
-      out.from_state(sin_state_, cos_state_, n_, amplitude_);
-      if (kMathRows<Out>) math_current_ = true;  // another output leaves sin_ and cos_ as they were
-    }
-  }
-
-  // A row between anchors, moved_ positions past its anchor: the anchor's row in M (formed from the
-  // state once per anchor where its consumer took factor rows instead) rotated by moved_ steps.
-  // Replay skips these rows: they leave the state as it is.
-  template <typename Out>
-  void between_anchors(const Out& out) {
-    if constexpr (!kStateOnly<Out>) {
-      if (moved_ == 0) return repeat(out);
-      if (!math_current_) {
-        math_rows_from_state(sin_state_, cos_state_, n_, amplitude_, sin_, cos_);
-        math_current_ = true;
-      }
-      step_row(moved_ - 1);  // forms the step's row in M too
-      const M* ss = fine_steps_ + 2 * moved_ * row_;
-      out.rotated(sin_, cos_, ss, ss + row_, n_);
-      if constexpr (kMathRows<Out>) row_sin_ = fine_sin_, row_cos_ = fine_cos_;
-    }
-  }
-
-  // sin_ and cos_ always hold a direct row (times the amplitude), whatever the output.
-  template <typename Out>
-  void direct(const double* position, const Out& out) {
+  // sin_ and cos_: the row at `position` (one per axis), times the amplitude.
+  void evaluate(const double* position) {
     if (n_axes_ == 1) {
-      sincos_row<M>(position[0], freq_, n_, M(1), sin_, cos_);
-    } else {
-      axis_angles(freq_, n_, n_axes_, 0, n_, [&](int64_t a) { return position[a]; }, angle_);
-      for (int64_t i = 0; i < n_; ++i) sincos_of<M>(angle_[i], sin_[i], cos_[i]);
+      sincos_row<M>(position[0], freq_, n_, amplitude_, sin_, cos_);
+      return;
     }
+    axis_angles(freq_, n_, n_axes_, 0, n_, [&](int64_t a) { return position[a]; }, angle_);
     for (int64_t i = 0; i < n_; ++i) {
-      sin_state_[i] = sin_[i];
-      cos_state_[i] = cos_[i];
+      sincos_of<M>(angle_[i], sin_[i], cos_[i]);
       sin_[i] *= amplitude_;
       cos_[i] *= amplitude_;
     }
-    math_current_ = true;
-    if constexpr (!kStateOnly<Out> && !kMathRows<Out>) {
-      out.from_state(sin_state_, cos_state_, n_, amplitude_);  // sin_[i] and cos_[i]'s bits (the state is theirs)
-    }
   }
 
-  // Rotates the state by step row `index` (step_row) and writes the row to out.
-  template <typename Out>
-  void advance(int64_t index, const Out& out) {
-    const double* ss = step_row(index);
-    out.advance(sin_state_, cos_state_, ss, ss + row_, n_, amplitude_);
-    math_current_ = kMathRows<Out>;
+  // Several axes: whether each pair has one axis's frequency (zeros on the others); then axis_freq_
+  // holds it (the frequencies the steps' table is formed from), and runs_ the runs of pairs on one
+  // axis (start, end, axis; MRoPE's sections: three runs, interleaved: runs of one pair).
+  bool one_axis_per_pair() {
+    int64_t* runs = thread_rows<int64_t, kStreamAxes>(3 * n_);
+    n_runs_ = 0;
+    for (int64_t i = 0; i < n_; ++i) {
+      int64_t axis = 0, nonzero = 0;
+      for (int64_t a = 0; a < n_axes_; ++a) {
+        if (freq_[a * n_ + i] != 0.0) axis = a, ++nonzero;
+      }
+      if (nonzero > 1) return false;
+      axis_freq_[i] = freq_[axis * n_ + i];
+      if (nonzero == 0 && n_runs_ > 0) axis = runs[3 * n_runs_ - 1];  // (no frequency: any axis; the run goes on)
+      if (n_runs_ > 0 && runs[3 * n_runs_ - 1] == axis) {
+        runs[3 * n_runs_ - 2] = i + 1;
+      } else {
+        runs[3 * n_runs_] = i, runs[3 * n_runs_ + 1] = i + 1, runs[3 * n_runs_ + 2] = axis;
+        ++n_runs_;
+      }
+    }
+    runs_ = runs;
+    return true;
   }
 
-  // The steps' sin/cos rows (sin, then cos): with several axes, one position along axis index (index
-  // = n_axes: along every axis, the step of the summed frequencies, exact for an axis layout whose
-  // other terms are zeros); with one axis, index + 1 positions (the anchors' steps), each rounded
-  // to M as well (fine_steps_, the rows between anchors). Formed the first time they are needed: a
-  // decode step never needs them. More than one position is the one-position step applied again in
-  // float64 (~1e-16 a step). Out of line, as replay_to (cpu/kernels.h): the loops run once per row
-  // of steps and stream.
-  [[gnu::noinline]] const double* step_row(int64_t index) {
-    if (!steps_) {
-      const int64_t rows = std::max<int64_t>(n_axes_ + 1, fine_);
-      steps_ = thread_rows<double, kStreamSteps>(2 * rows * row_);
-      if (fine_ > 1) fine_steps_ = thread_rows<M, kStreamFineSteps>(2 * fine_ * row_);
-      step_ready_.assign(rows, 0);
+  // Several axes: pair i's step is its own axis's, j positions of it (row j of the steps' table;
+  // j = 0: sin 0, cos 1, exactly). Every axis at the same j (text tokens): that table row itself;
+  // else formed run by run, again only when the steps change.
+  const M* axis_step_row() {
+    const double j0 = steps_at_[0];
+    if (std::all_of(steps_at_ + 1, steps_at_ + n_axes_, [&](double j) { return j == j0; })) {
+      return step_row(static_cast<int>(j0));
     }
-    double* ss = steps_ + 2 * index * row_;
-    double* sc = ss + row_;
-    if (step_ready_[index]) return ss;
-    if (n_axes_ > 1 || index == 0) {
-      for (int64_t i = 0; i < n_; ++i) {
-        double f = 0;
-        if (index < n_axes_) {
-          f = freq_[index * n_ + i];
+    if (!same(steps_at_, axis_steps_at_)) {
+      for (int64_t r = 0; r < n_runs_; ++r) {
+        const int64_t begin = runs_[3 * r], end = runs_[3 * r + 1];
+        const int j = static_cast<int>(steps_at_[runs_[3 * r + 2]]);
+        if (j == 0) {
+          std::fill(axis_steps_ + begin, axis_steps_ + end, M(0));
+          std::fill(axis_steps_ + row_ + begin, axis_steps_ + row_ + end, M(1));
         } else {
-          for (int64_t b = 0; b < n_axes_; ++b) f += freq_[b * n_ + i];
+          const M* table = step_row(j);
+          std::copy(table + begin, table + end, axis_steps_ + begin);
+          std::copy(table + row_ + begin, table + row_ + end, axis_steps_ + row_ + begin);
         }
-        ss[i] = f == 0.0 ? 0.0 : std::sin(f);  // an axis layout's zeros: sin 0 = 0, cos 0 = 1 exactly, for free
-        sc[i] = f == 0.0 ? 1.0 : std::cos(f);
       }
-    } else {
-      const double* one = steps_;
-      const double* before = step_row(index - 1);
-      for (int64_t i = 0; i < n_; ++i) {
-        double s = before[i], c = before[row_ + i];
-        advance_sincos(s, c, one[i], one[row_ + i]);
-        ss[i] = s;
-        sc[i] = c;
-      }
+      std::copy(steps_at_, steps_at_ + n_axes_, axis_steps_at_);
     }
-    if (fine_ > 1 && index + 1 < fine_) {
-      M* ms = fine_steps_ + 2 * (index + 1) * row_;
-      for (int64_t i = 0; i < n_; ++i) {
-        ms[i] = static_cast<M>(ss[i]);
-        ms[row_ + i] = static_cast<M>(sc[i]);
-      }
+    return axis_steps_;
+  }
+
+  // Row j (1 <= j < kAnchorEvery) of the steps' table: sin and cos of j * freq[i] in M (sin, then
+  // cos; with several axes, of j times pair i's own axis frequency), formed the first time a row j
+  // positions past its anchor asks. Out of line: flattened into every CPU loop's clones, the
+  // stream's rarely run helpers tripled their compile time (cpu/kernels.h).
+  [[gnu::noinline]] const M* step_row(int j) {
+    if (!steps_) {
+      steps_ = thread_rows<M, kStreamSteps>(2 * kAnchorEvery * row_);
+      std::fill(step_ready_, step_ready_ + kAnchorEvery, false);
     }
-    step_ready_[index] = 1;
+    M* ss = steps_ + 2 * j * row_;
+    if (!step_ready_[j]) {
+      sincos_row<M>(static_cast<double>(j), n_axes_ == 1 ? freq_ : axis_freq_, n_, M(1), ss, ss + row_);
+      step_ready_[j] = true;
+    }
     return ss;
   }
 
+  static constexpr double kNone = std::numeric_limits<double>::quiet_NaN();  // (equal to no position)
+
   const double* freq_;
-  int64_t n_, n_axes_, row_, fine_;
+  int64_t n_, n_axes_, row_;
   M amplitude_;
-  std::vector<char> step_ready_;
-  M *sin_, *cos_;            // the anchor's row, times the amplitude
-  M *fine_sin_, *fine_cos_;  // a row between anchors (the default output)
-  const M *row_sin_, *row_cos_;  // the row sin() and cos() hand out: one of the two above
-  double *sin_state_, *cos_state_, *angle_;  // the float64 state rows; the angles (several axes)
-  double* steps_ = nullptr;  // the steps' sin and cos rows (step_row)
-  M* fine_steps_ = nullptr;  // with fine rows: row j (1 <= j < fine_) is j positions' sin and cos in M
-  double *previous_, *current_, *replay_, *before_;  // one position per axis
-  int64_t next_row_ = -1;
-  int64_t moved_ = 0;  // one axis: positions moved since the anchor
-  bool direct_state_ = false;  // the float64 state is what direct() made at previous_ (no move since)
-  bool math_current_ = false;  // sin_/cos_ hold the state times the amplitude (they may not, past an Out)
+  bool by_anchors_;                // anchors and steps (else every row direct)
+  M *sin_, *cos_;                  // the anchor's (or a direct) row, times the amplitude
+  M *rotated_sin_, *rotated_cos_;  // a row past its anchor (the default output)
+  M* axis_steps_;                  // several axes: each pair's step (axis_step_row)
+  const M *row_sin_, *row_cos_;    // the row sin() and cos() hand out: one of the above
+  double *angle_, *axis_freq_;     // several axes: the angles (direct rows); each pair's frequency
+  const int64_t* runs_ = nullptr;  // several axes: runs of pairs on one axis (one_axis_per_pair)
+  int64_t n_runs_ = 0;
+  // One value per axis: the row's position; its anchors (sin_ and cos_ hold their row) and steps
+  // past them; the positions whose rows rotated_sin_/rotated_cos_ and (direct) sin_/cos_ hold, and
+  // the steps axis_steps_ holds. kNone where none.
+  double *position_, *anchors_, *steps_at_, *rotated_at_, *axis_steps_at_, *direct_at_;
+  M* steps_ = nullptr;             // the steps' table (step_row)
+  bool step_ready_[kAnchorEvery];
 };
 
 }  // namespace posenc::cpu

@@ -34,8 +34,8 @@ void write_encoding(T* __restrict__ out, int64_t half, int64_t dim, bool cos_fir
 }
 
 // One encoding row (of T: the output, or the math type for add_sinusoidal's rows) as the angle
-// stream's output (sincos_stream.h): a row between anchors is rotated and written in one pass, in
-// the math type; an anchor's is written from the float64 state, converted once.
+// stream's output (sincos_stream.h): a row past its anchor is rotated and written in one pass, in
+// the math type; an anchor's (or a direct row) is written as it is.
 template <typename T>
 struct EncodingRow {
   using M = math_t<T>;
@@ -50,12 +50,8 @@ struct EncodingRow {
       write_encoding<false>(out, half, dim, params.cos_first, pair_at);
     }
   }
-  void advance(double* ss, double* cs, const double* step_s, const double* step_c, int64_t n, M amplitude) const {
-    advance_sincos_row<false>(ss, cs, step_s, step_c, n, amplitude, static_cast<M*>(nullptr), static_cast<M*>(nullptr));
-    from_state(ss, cs, n, amplitude);
-  }
-  void from_state(const double* ss, const double* cs, int64_t, M) const {  // the amplitude is 1
-    write([&](int64_t i) { return std::pair{ss[i], cs[i]}; });
+  void from_math(const M* s, const M* c, int64_t) const {  // (the amplitude is 1)
+    write([&](int64_t i) { return std::pair{s[i], c[i]}; });
   }
   void rotated(const M* s, const M* c, const M* step_s, const M* step_c, int64_t) const {
     write([&](int64_t i) {
@@ -116,7 +112,7 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
   constexpr int64_t kBlock = 16;
   const SinusoidalParams& prm = p.params;
   const int64_t half = prm.half, dim = prm.dim;
-  SinCosStream<M> angles(freq, half, M(1), 1, SinCosStream<M>::kFineEvery);
+  SinCosStream<M> angles(freq, half, M(1));
   const auto position_of = [&](int64_t u) { return p.position(u / p.seq, u % p.seq); };
   std::vector<M> pe_rows(p.x ? kBlock * dim : 0);
   std::vector<T> row(stream ? dim : 0);  // a row formed in L1 to be streamed out (run_typed)
@@ -136,13 +132,12 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
   for (int64_t block = begin; block < end; block += kBlock) {
     const int64_t n = std::min<int64_t>(kBlock, end - block);
     for (int64_t j = 0; j < n; ++j) {
-      const int64_t s = (block + j) % p.seq;
-      if (p.x) {  // (s: the row's index in its sequence, a batch row of positions)
-        angles.at(block + j, s, position_of, EncodingRow<M>{prm, pe_rows.data() + j * dim});
+      if (p.x) {
+        angles.at(block + j, position_of, EncodingRow<M>{prm, pe_rows.data() + j * dim});
         continue;
       }
-      T* out = static_cast<T*>(p.out) + s * p.out_stride_s;  // the table: batch 1
-      angles.at(block + j, s, position_of, EncodingRow<T>{prm, stream ? row.data() : out});
+      T* out = static_cast<T*>(p.out) + (block + j) % p.seq * p.out_stride_s;  // the table: batch 1
+      angles.at(block + j, position_of, EncodingRow<T>{prm, stream ? row.data() : out});
       if (stream) stream_copy(out, row.data(), dim * sizeof(T));
     }
     if (!p.x) continue;

@@ -182,3 +182,17 @@ def test_bench_compiled_inplace_quick():
         assert any(line.startswith(row) and "x floor" in line for line in proc.stdout.splitlines()), proc.stdout
     line = next(line for line in proc.stdout.splitlines() if line.startswith("compiled results vs eager"))
     assert float(line.rsplit(" ", 1)[1]) <= 1e-5, line
+
+
+STREAM_ACCURACY = BENCH.parent / "stream_accuracy.py"
+
+
+@pytest.mark.skipif(not STREAM_ACCURACY.exists(), reason="benchmarks/ not in this tree")
+def test_stream_accuracy_reports_errors_within_the_contract():
+    """stream_accuracy.py runs and the errors it prints (which docs/architecture.md cites) are within
+    the cos/sin contract (~3.5e-7 for the rotated rows)."""
+    proc = subprocess.run([sys.executable, str(STREAM_ACCURACY)], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ), cwd=STREAM_ACCURACY.parent.parent)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    errors = [float(line.rsplit(" ", 1)[1]) for line in proc.stdout.splitlines() if "max abs error" in line]
+    assert len(errors) == 2 and all(0 < e <= 3.5e-7 for e in errors), proc.stdout

@@ -1,6 +1,6 @@
 """Same inputs, same bits, whatever the thread count, the batch, or the cut of the sequence (CPU).
 
-The CPU kernels evaluate sin/cos directly at anchor positions (multiples of 8) and rotate the rows
+The CPU kernels evaluate sin/cos directly at anchor positions (multiples of 16) and rotate the rows
 past them (csrc/cpu/sincos_stream.h), so a row is a function of its position alone; these tests run
 every op with 1, 2 and 3 intra-op threads on sizes large enough to be split into several parallel
 chunks at odd places, each sequence alone and cut into pieces, and require identical bits: both
@@ -128,7 +128,7 @@ def test_sinusoidal_thread_count_independent(dtype, interleaved):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("interleaved", (False, True))
 def test_rows_between_anchors_match_reference(dtype, interleaved):
-    """Rows are direct at anchor positions (multiples of 8) and the anchor's row rotated in the math
+    """Rows are direct at anchor positions (multiples of 16) and the anchor's row rotated in the math
     type past them (csrc/cpu/sincos_stream.h). Against the float64 reference,
     forward and inverse, on every thread count: runs, repeats and jumps that land anywhere in a block
     of 8 rows (runs_of_positions), one sequence starting near 2^24, unit-norm pairs."""
@@ -164,7 +164,7 @@ def test_encoding_rows_between_anchors_match_reference(dtype, interleaved):
     """The sinusoidal ops' rows past an anchor are the anchor's row rotated in the math type
     and written in the same pass (csrc/cpu/sinusoidal_cpu.cpp, EncodingRow): the table and
     add_sinusoidal against the float64 reference, on every thread count, on positions with runs,
-    repeats and jumps anywhere in a block of 8 rows, one sequence near 2^24, both column orders and
+    repeats and jumps anywhere in a block of 16 rows, one sequence near 2^24, both column orders and
     an odd dim. float32 rows keep within a few float32 ulp of the direct rows' error."""
     from posenc_native import reference
     g = torch.Generator().manual_seed(19)

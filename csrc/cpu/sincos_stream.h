@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <new>
 #include <type_traits>
@@ -38,13 +39,13 @@ T* thread_rows(int64_t n) {
   if (static_cast<int64_t>(rows.size()) < n) rows = RowVector<T>(n);
   return rows.data();
 }
-enum RowSlot { kStreamMath, kStreamF64, kStreamSteps, kStreamAxes, kFactorRows, kOneAxisFreq };
+enum RowSlot { kStreamMath, kStreamF64, kStreamAxes, kFactorRows, kOneAxisFreq };
 
 // sin/cos(position * freq[i]) * amplitude for i < n, in the math type M, for rows of a problem (a
 // token, an encoding row) as the CPU loops visit them. Each row's values are a function of its
 // position alone: an integer position p is its anchor's row, evaluated directly (sincos_row) at
 // a = p - (p mod kAnchorEvery), rotated in M by the j = p - a positions past it (rotate_sincos_row,
-// with step rows sincos_row(j) formed once per stream); a non-integer position is direct, and so is
+// with a table of j steps formed once per thread and frequencies); a non-integer position is direct, and so is
 // every float64 row (M = double: the truth dtype, whose angles are rounded as the reference rounds
 // them). So a token gets the same bits whatever else the call holds: any thread count or split into
 // chunks, any batch (torch.func.vmap folds its dimension into the batch:
@@ -68,10 +69,11 @@ enum RowSlot { kStreamMath, kStreamF64, kStreamSteps, kStreamAxes, kFactorRows, 
 template <typename M>
 class SinCosStream {
  public:
-  // Positions from one anchor to the next: its steps' table (8 rows of M, 4 KiB for 128-dim heads)
-  // stays in L1; rows rotated from float64 anchors 8 apart measured as fast as 16 and 32
-  // (benchmarks/RESULTS.md, "Fourteenth session").
-  static constexpr int kAnchorEvery = 8;
+  // Positions from one anchor to the next. Each anchor costs a direct row (~5 ns a token at 16, for
+  // 128-dim heads), each step a row of the table (16 rows of M, 8 KiB for 128-dim heads, in L1);
+  // 8 cost a one-head fp32/bf16 prefill 12-20% against the earlier float64 anchors, 16 5-12%, 32
+  // little less (benchmarks/RESULTS.md, "Thirtieth session").
+  static constexpr int kAnchorEvery = 16;
 
   // No allocation (a decode step builds one stream per call): the rows, the steps' table and the
   // per-axis state live in this thread's buffers (thread_rows).
@@ -226,21 +228,50 @@ class SinCosStream {
     return axis_steps_;
   }
 
-  // Row j (1 <= j < kAnchorEvery) of the steps' table: sin and cos of j * freq[i] in M (sin, then
-  // cos; with several axes, of j times pair i's own axis frequency), formed the first time a row j
-  // positions past its anchor asks. Out of line: flattened into every CPU loop's clones, the
-  // stream's rarely run helpers tripled their compile time (cpu/kernels.h).
+  // Row j (1 <= j < kAnchorEvery) of the steps' table: sin and cos of j * freq[i] rounded to M (sin,
+  // then cos; with several axes, of j times pair i's own axis frequency). A table is formed whole
+  // the first time a row is asked for: one step by std::sin/cos in float64, the others by rotating
+  // it again in float64 (~1e-16 a step), each rounded once to M, so the rotated rows add only M's
+  // rounding to the anchor's error. This thread keeps the tables of the last kTables frequency
+  // sets from call to call (a decode step then forms nothing: n std::sin/cos cost ~2 us for 64
+  // pairs; models alternate rope_theta per layer, Gemma 3 two, so one table would thrash).
+  // Out of line: flattened into every CPU loop's clones, the stream's rarely run helpers tripled
+  // their compile time (cpu/kernels.h).
+  static constexpr int kTables = 4;
   [[gnu::noinline]] const M* step_row(int j) {
     if (!steps_) {
-      steps_ = thread_rows<M, kStreamSteps>(2 * kAnchorEvery * row_);
-      std::fill(step_ready_, step_ready_ + kAnchorEvery, false);
+      struct Table {
+        std::vector<double> freq;  // the frequencies it was formed from (compared bit for bit)
+        RowVector<M> rows;
+      };
+      static thread_local Table tables[kTables];
+      static thread_local int oldest = 0;
+      const double* freq = n_axes_ == 1 ? freq_ : axis_freq_;
+      const auto formed_for = [&](const Table& t) {
+        return t.freq.size() == static_cast<size_t>(n_) && std::memcmp(freq, t.freq.data(), n_ * sizeof(double)) == 0;
+      };
+      Table* table = std::find_if(tables, tables + kTables, formed_for);
+      if (table == tables + kTables) {
+        table = &tables[oldest];
+        oldest = (oldest + 1) % kTables;
+        table->freq.assign(freq, freq + n_);
+        if (static_cast<int64_t>(table->rows.size()) < 2 * kAnchorEvery * row_) {
+          table->rows = RowVector<M>(2 * kAnchorEvery * row_);
+        }
+        M* rows = table->rows.data();
+        for (int64_t i = 0; i < n_; ++i) {
+          const double one_s = std::sin(freq[i]), one_c = std::cos(freq[i]);
+          double s = one_s, c = one_c;
+          for (int k = 1; k < kAnchorEvery; ++k) {
+            if (k > 1) advance_sincos(s, c, one_s, one_c);
+            rows[2 * k * row_ + i] = static_cast<M>(s);
+            rows[(2 * k + 1) * row_ + i] = static_cast<M>(c);
+          }
+        }
+      }
+      steps_ = table->rows.data();
     }
-    M* ss = steps_ + 2 * j * row_;
-    if (!step_ready_[j]) {
-      sincos_row<M>(static_cast<double>(j), n_axes_ == 1 ? freq_ : axis_freq_, n_, M(1), ss, ss + row_);
-      step_ready_[j] = true;
-    }
-    return ss;
+    return steps_ + 2 * j * row_;
   }
 
   static constexpr double kNone = std::numeric_limits<double>::quiet_NaN();  // (equal to no position)
@@ -260,8 +291,7 @@ class SinCosStream {
   // past them; the positions whose rows rotated_sin_/rotated_cos_ and (direct) sin_/cos_ hold, and
   // the steps axis_steps_ holds. kNone where none.
   double *position_, *anchors_, *steps_at_, *rotated_at_, *axis_steps_at_, *direct_at_;
-  M* steps_ = nullptr;             // the steps' table (step_row)
-  bool step_ready_[kAnchorEvery];
+  const M* steps_ = nullptr;       // the steps' table (step_row)
 };
 
 }  // namespace posenc::cpu

@@ -54,14 +54,15 @@ test-newest-torch:
 	PIP_CONSTRAINT=/dev/null WITH_TESTS=1 TORCH_SPEC=$(NEWEST_TORCH) PYTHON=$(PYTHON) bash ci/wheel_smoke.sh
 
 # The CPU op library built with AddressSanitizer and UndefinedBehaviorSanitizer (build/sanitize, its
-# own build dir), and the RoPE, sinusoidal, adversarial, element-by-element and decode fast path (direct entry) tests run
+# own build dir), and the RoPE, sinusoidal, adversarial, element-by-element, decode fast path (direct entry),
+# determinism (the angle stream's anchors, steps and per-thread tables), MRoPE and CPU-path tests run
 # against it. Python and torch are not instrumented, so libasan is preloaded; leak checks are off
 # (CPython and torch keep allocations until exit). Any ASan report aborts, and UBSan does too (-fno-sanitize-recover): the run fails.
 SAN_DIR := build/sanitize
 SAN_CXX ?= c++
 SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 SAN_TESTS ?= tests/test_rope.py tests/test_sinusoidal.py tests/test_adversarial.py tests/test_decode_fast_path.py \
-	tests/test_elementwise.py
+	tests/test_elementwise.py tests/test_determinism.py tests/test_mrope.py tests/test_cpu_paths.py
 SAN_ENV = LD_PRELOAD="$$($(SAN_CXX) -print-file-name=libasan.so) $$($(SAN_CXX) -print-file-name=libubsan.so)" \
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1:detect_odr_violation=0:alloc_dealloc_mismatch=0 \
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \

@@ -113,33 +113,18 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
     if (++ts == p.seq) ts = 0, ++tb;
   };
   if (p.inv_freq) {  // angles from frequencies, once per token, advanced along consecutive positions
-    // Every axis at the same id (an axis layout given positions without an axis dim: text tokens):
-    // one axis whose frequencies are the column sums, exact for the one-hot axis form (a non-zero
-    // per pair), so the rows and bits are plain RoPE's with those frequencies.
-    const int64_t axes = p.pos_stride_a == 0 ? 1 : p.n_axes;
-    const double* freq = p.inv_freq;
-    if (axes < p.n_axes) {
-      double* sums = thread_rows<double, kOneAxisFreq>(pairs);
-      for (int64_t i = 0; i < pairs; ++i) {
-        double f = 0;
-        for (int64_t a = 0; a < p.n_axes; ++a) f += p.inv_freq[a * pairs + i];
-        sums[i] = f;
-      }
-      freq = sums;
-    }
-    SinCosStream<M> angles(freq, pairs, static_cast<M>(p.attention_factor), axes);
-    const auto position_of = [&](int64_t, double* out) {  // every axis of token (tb, ts)
-      for (int64_t a = 0; a < axes; ++a) out[a] = static_cast<double>(p.position(tb, ts, a));
-    };
+    // Positions without an axis dim (stride 0) give every axis the same id (text tokens).
+    SinCosStream<M> angles(p.inv_freq, pairs, static_cast<M>(p.attention_factor), p.n_axes, p.pos_stride_a == 0);
+    const auto position_of = [&](int64_t a) { return p.position(tb, ts, a); };  // token (tb, ts) on axis a
     const FactorRows<kInterleaved, kInverse, M> factor_rows{C, S};
     // Interleaved rows get their factor rows in the stream's own pass. Half-split rows keep the
     // stream's math rows (the uniform kernels read them): a second stream output in this function
     // cost the half-split loop registers, ~12 ns a token (benchmarks/RESULTS.md).
     for (int64_t t = begin; t < end; ++t, next_token()) {
       if constexpr (kInterleaved) {
-        angles.at(t, position_of, factor_rows);
+        angles.at(position_of, factor_rows);
       } else {
-        angles.at(t, position_of);
+        angles.at(position_of);
         if (uniform_rows) {
           rotate_heads_uniform<kInverse, T>(p, p.q, tb, ts, angles.cos(), angles.sin(), uniform);
           rotate_heads_uniform<kInverse, T>(p, p.k, tb, ts, angles.cos(), angles.sin(), uniform);

@@ -39,19 +39,19 @@ T* thread_rows(int64_t n) {
   if (static_cast<int64_t>(rows.size()) < n) rows = RowVector<T>(n);
   return rows.data();
 }
-enum RowSlot { kStreamMath, kStreamF64, kStreamAxes, kFactorRows, kOneAxisFreq };
+enum RowSlot { kStreamMath, kStreamF64, kStreamAxes, kFactorRows };
 
 // sin/cos(position * freq[i]) * amplitude for i < n, in the math type M, for rows of a problem (a
 // token, an encoding row) as the CPU loops visit them. Each row's values are a function of its
 // position alone: an integer position p is its anchor's row, evaluated directly (sincos_row) at
 // a = p - (p mod kAnchorEvery), rotated in M by the j = p - a positions past it (rotate_sincos_row,
-// with a table of j steps formed once per thread and frequencies); a non-integer position is direct, and so is
-// every float64 row (M = double: the truth dtype, whose angles are rounded as the reference rounds
-// them). So a token gets the same bits whatever else the call holds: any thread count or split into
-// chunks, any batch (torch.func.vmap folds its dimension into the batch:
-// python/posenc_native/_functorch.py), and any cut of its sequence (chunked prefill, a decode step, a
-// prefix cache's earlier call). Consecutive positions cost one direct row per kAnchorEvery rows and a
-// rotation (a few multiply-adds per pair) for the others, within a few ulp of M of the direct
+// with a table of j steps formed once per thread and frequencies); a non-integer position is
+// direct, and so is every float64 row (M = double: the truth dtype, whose angles are rounded as the
+// reference rounds them). So a token gets the same bits whatever else the call holds: any thread
+// count or split into chunks, any batch (torch.func.vmap folds its dimension into the batch:
+// python/posenc_native/_functorch.py), and any cut of its sequence (chunked prefill, a decode step,
+// a prefix cache's earlier call). Consecutive positions cost one direct row per kAnchorEvery rows
+// and a rotation (a few multiply-adds per pair) for the others, within a few ulp of M of the direct
 // values (docs/architecture.md).
 //
 // Multi-axis positions (n_axes rows of frequencies, freq[a * n + i]; core/rope.h, axis_angles): a
@@ -59,6 +59,9 @@ enum RowSlot { kStreamMath, kStreamF64, kStreamAxes, kFactorRows, kOneAxisFreq }
 // pair has one axis's frequency (zeros elsewhere): each axis then has its own anchor, the anchor row
 // is evaluated at the anchors, and pair i is rotated by the steps of its own axis (image patches
 // along a row move one axis, text tokens all). Frequencies that mix axes make every row direct.
+// Where every axis has the same position (positions without an axis dim: text tokens), the stream
+// is one axis whose frequencies are the column sums: exact for the axis layout (one non-zero per
+// pair), so the rows and bits are plain RoPE's with those frequencies.
 //
 // Each row's values (sin and cos times the amplitude, in M) go where the consumer wants them: to
 // sin() and cos() by default, or to an output of the consumer's, a type with two row writers:
@@ -76,64 +79,65 @@ class SinCosStream {
   static constexpr int kAnchorEvery = 16;
 
   // No allocation (a decode step builds one stream per call): the rows, the steps' table and the
-  // per-axis state live in this thread's buffers (thread_rows).
-  SinCosStream(const double* freq, int64_t n, M amplitude, int64_t n_axes = 1)
-      : freq_(freq), n_(n), n_axes_(n_axes), row_(padded(n)), amplitude_(amplitude) {
+  // per-axis state live in this thread's buffers (thread_rows). one_position: every row has the
+  // same position on every axis (see above).
+  SinCosStream(const double* freq, int64_t n, M amplitude, int64_t n_axes = 1, bool one_position = false)
+      : freq_(freq), n_(n), n_axes_(one_position ? 1 : n_axes), row_(padded(n)), amplitude_(amplitude) {
     sin_ = thread_rows<M, kStreamMath>(6 * row_), cos_ = sin_ + row_;
     rotated_sin_ = cos_ + row_, rotated_cos_ = rotated_sin_ + row_;
     axis_steps_ = rotated_cos_ + row_;
     row_sin_ = sin_, row_cos_ = cos_;
-    const int64_t axes = padded(n_axes);
-    double* f64 = thread_rows<double, kStreamF64>(2 * row_ + 6 * axes);
-    angle_ = f64, axis_freq_ = angle_ + row_;
-    position_ = axis_freq_ + row_, anchors_ = position_ + axes, steps_at_ = anchors_ + axes;
-    rotated_at_ = steps_at_ + axes, axis_steps_at_ = rotated_at_ + axes, direct_at_ = axis_steps_at_ + axes;
-    std::fill(f64 + 2 * row_ + axes, f64 + 2 * row_ + 6 * axes, kNone);  // no row held yet
-    by_anchors_ = !std::is_same_v<M, double> && (n_axes == 1 || one_axis_per_pair());
+    const int64_t axes = padded(n_axes_);
+    double* f64 = thread_rows<double, kStreamF64>(2 * row_ + 4 * axes);
+    angle_ = f64, pair_freq_ = angle_ + row_;
+    position_ = pair_freq_ + row_, anchor_ = position_ + axes, held_ = anchor_ + axes, rotated_at_ = held_ + axes;
+    std::fill(held_, held_ + 2 * axes, kNone);  // no row held or rotated yet
+    int64_t* ints = thread_rows<int64_t, kStreamAxes>(3 * n_ + 2 * axes);
+    step_ = ints, axis_steps_at_ = step_ + axes, runs_ = axis_steps_at_ + axes;
+    std::fill(axis_steps_at_, axis_steps_at_ + axes, -1);
+    if (n_axes > 1 && one_position) {
+      for (int64_t i = 0; i < n_; ++i) {
+        double f = 0;
+        for (int64_t a = 0; a < n_axes; ++a) f += freq[a * n_ + i];
+        pair_freq_[i] = f;
+      }
+      freq_ = pair_freq_;
+    }
+    by_anchors_ = !std::is_same_v<M, double> && (n_axes_ == 1 || one_axis_per_pair());
   }
   SinCosStream(const SinCosStream&) = delete;
   SinCosStream& operator=(const SinCosStream&) = delete;
 
-  // Fills sin() and cos() for row `row`: position_of(row) gives its position as a double, or, with
-  // several axes, position_of(row, out) writes its n_axes positions to out.
+  // Fills sin() and cos() for the row whose position on axis a is position_of(a) (a double; a = 0
+  // only, with one axis or one position).
   template <typename PositionOf>
-  void at(int64_t row, const PositionOf& position_of) {
-    at(row, position_of, MathRows{this});
+  void at(const PositionOf& position_of) {
+    at(position_of, MathRows{this});
   }
 
   // The same, with the row written to out (see above) instead: sin() and cos() are then not the row's.
   template <typename PositionOf, typename Out>
-  void at(int64_t row, const PositionOf& position_of, const Out& out) {
-    if constexpr (std::is_invocable_v<PositionOf, int64_t, double*>) {
-      position_of(row, position_);
-    } else {
-      position_[0] = static_cast<double>(position_of(row));
-    }
+  void at(const PositionOf& position_of, const Out& out) {
     // Each axis' position split into its anchor and the j positions past it (p mod kAnchorEvery,
     // exact: division by a power of two and floor are exact in double).
-    bool anchored = by_anchors_, moved = false, past = false;
-    for (int64_t a = 0; a < n_axes_ && anchored; ++a) {
-      const double p = position_[a], j = p - kAnchorEvery * std::floor(p * (1.0 / kAnchorEvery));
+    bool anchored = by_anchors_, past = false;
+    for (int64_t a = 0; a < n_axes_; ++a) {
+      const double p = position_[a] = static_cast<double>(position_of(a));
+      if (!anchored) continue;
+      const double j = p - kAnchorEvery * std::floor(p * (1.0 / kAnchorEvery));
       anchored = j == std::floor(j);  // (an integer position)
-      moved |= p - j != anchors_[a];
+      if (!anchored) continue;
+      anchor_[a] = p - j;
+      step_[a] = static_cast<int64_t>(j);
       past |= j != 0;
-      steps_at_[a] = j;
     }
-    if (!anchored) {  // direct (a repeat: as it is)
-      if (!same(position_, direct_at_)) {
-        evaluate(position_);
-        std::copy(position_, position_ + n_axes_, direct_at_);
-        std::fill(anchors_, anchors_ + n_axes_, kNone);
-      }
-      return out.from_math(sin_, cos_, n_);
+    const double* row_at = anchored ? anchor_ : position_;  // sin_ and cos_ hold its row
+    if (!same(row_at, held_)) {
+      evaluate(row_at);
+      std::copy(row_at, row_at + n_axes_, held_);
     }
-    if (moved) {
-      for (int64_t a = 0; a < n_axes_; ++a) anchors_[a] = position_[a] - steps_at_[a];
-      evaluate(anchors_);
-      std::fill(direct_at_, direct_at_ + n_axes_, kNone);
-    }
-    if (!past) return out.from_math(sin_, cos_, n_);
-    const M* steps = n_axes_ == 1 ? step_row(static_cast<int>(steps_at_[0])) : axis_step_row();
+    if (!anchored || !past) return out.from_math(sin_, cos_, n_);
+    const M* steps = n_axes_ == 1 ? step_row(step_[0]) : axis_step_row();
     out.rotated(sin_, cos_, steps, steps + row_, n_);
   }
 
@@ -161,7 +165,8 @@ class SinCosStream {
   // Rows of whole cache lines (16 elements: 64 bytes of float), so every row starts on one.
   static int64_t padded(int64_t count) { return (count + 15) / 16 * 16; }
 
-  bool same(const double* a, const double* b) const { return std::equal(a, a + n_axes_, b); }
+  template <typename V>
+  bool same(const V* a, const V* b) const { return std::equal(a, a + n_axes_, b); }
 
   // sin_ and cos_: the row at `position` (one per axis), times the amplitude.
   void evaluate(const double* position) {
@@ -177,28 +182,25 @@ class SinCosStream {
     }
   }
 
-  // Several axes: whether each pair has one axis's frequency (zeros on the others); then axis_freq_
+  // Several axes: whether each pair has one axis's frequency (zeros on the others); then pair_freq_
   // holds it (the frequencies the steps' table is formed from), and runs_ the runs of pairs on one
   // axis (start, end, axis; MRoPE's sections: three runs, interleaved: runs of one pair).
   bool one_axis_per_pair() {
-    int64_t* runs = thread_rows<int64_t, kStreamAxes>(3 * n_);
-    n_runs_ = 0;
     for (int64_t i = 0; i < n_; ++i) {
       int64_t axis = 0, nonzero = 0;
       for (int64_t a = 0; a < n_axes_; ++a) {
         if (freq_[a * n_ + i] != 0.0) axis = a, ++nonzero;
       }
       if (nonzero > 1) return false;
-      axis_freq_[i] = freq_[axis * n_ + i];
-      if (nonzero == 0 && n_runs_ > 0) axis = runs[3 * n_runs_ - 1];  // (no frequency: any axis; the run goes on)
-      if (n_runs_ > 0 && runs[3 * n_runs_ - 1] == axis) {
-        runs[3 * n_runs_ - 2] = i + 1;
+      pair_freq_[i] = freq_[axis * n_ + i];
+      if (nonzero == 0 && n_runs_ > 0) axis = runs_[3 * n_runs_ - 1];  // (no frequency: any axis; the run goes on)
+      if (n_runs_ > 0 && runs_[3 * n_runs_ - 1] == axis) {
+        runs_[3 * n_runs_ - 2] = i + 1;
       } else {
-        runs[3 * n_runs_] = i, runs[3 * n_runs_ + 1] = i + 1, runs[3 * n_runs_ + 2] = axis;
+        runs_[3 * n_runs_] = i, runs_[3 * n_runs_ + 1] = i + 1, runs_[3 * n_runs_ + 2] = axis;
         ++n_runs_;
       }
     }
-    runs_ = runs;
     return true;
   }
 
@@ -206,14 +208,11 @@ class SinCosStream {
   // j = 0: sin 0, cos 1, exactly). Every axis at the same j (text tokens): that table row itself;
   // else formed run by run, again only when the steps change.
   const M* axis_step_row() {
-    const double j0 = steps_at_[0];
-    if (std::all_of(steps_at_ + 1, steps_at_ + n_axes_, [&](double j) { return j == j0; })) {
-      return step_row(static_cast<int>(j0));
-    }
-    if (!same(steps_at_, axis_steps_at_)) {
+    const int64_t j0 = step_[0];
+    if (std::all_of(step_ + 1, step_ + n_axes_, [&](int64_t j) { return j == j0; })) return step_row(j0);
+    if (!same(step_, axis_steps_at_)) {
       for (int64_t r = 0; r < n_runs_; ++r) {
-        const int64_t begin = runs_[3 * r], end = runs_[3 * r + 1];
-        const int j = static_cast<int>(steps_at_[runs_[3 * r + 2]]);
+        const int64_t begin = runs_[3 * r], end = runs_[3 * r + 1], j = step_[runs_[3 * r + 2]];
         if (j == 0) {
           std::fill(axis_steps_ + begin, axis_steps_ + end, M(0));
           std::fill(axis_steps_ + row_ + begin, axis_steps_ + row_ + end, M(1));
@@ -223,7 +222,7 @@ class SinCosStream {
           std::copy(table + row_ + begin, table + row_ + end, axis_steps_ + row_ + begin);
         }
       }
-      std::copy(steps_at_, steps_at_ + n_axes_, axis_steps_at_);
+      std::copy(step_, step_ + n_axes_, axis_steps_at_);
     }
     return axis_steps_;
   }
@@ -238,7 +237,7 @@ class SinCosStream {
   // Out of line: flattened into every CPU loop's clones, the stream's rarely run helpers tripled
   // their compile time (cpu/kernels.h).
   static constexpr int kTables = 4;
-  [[gnu::noinline]] const M* step_row(int j) {
+  [[gnu::noinline]] const M* step_row(int64_t j) {
     if (!steps_) {
       struct Table {
         std::vector<double> freq;  // the frequencies it was formed from (compared bit for bit)
@@ -246,7 +245,7 @@ class SinCosStream {
       };
       static thread_local Table tables[kTables];
       static thread_local int oldest = 0;
-      const double* freq = n_axes_ == 1 ? freq_ : axis_freq_;
+      const double* freq = n_axes_ == 1 ? freq_ : pair_freq_;
       const auto formed_for = [&](const Table& t) {
         return t.freq.size() == static_cast<size_t>(n_) && std::memcmp(freq, t.freq.data(), n_ * sizeof(double)) == 0;
       };
@@ -280,17 +279,19 @@ class SinCosStream {
   int64_t n_, n_axes_, row_;
   M amplitude_;
   bool by_anchors_;                // anchors and steps (else every row direct)
-  M *sin_, *cos_;                  // the anchor's (or a direct) row, times the amplitude
+  M *sin_, *cos_;                  // the row at held_ (an anchor's or a direct one), times the amplitude
   M *rotated_sin_, *rotated_cos_;  // a row past its anchor (the default output)
   M* axis_steps_;                  // several axes: each pair's step (axis_step_row)
   const M *row_sin_, *row_cos_;    // the row sin() and cos() hand out: one of the above
-  double *angle_, *axis_freq_;     // several axes: the angles (direct rows); each pair's frequency
-  const int64_t* runs_ = nullptr;  // several axes: runs of pairs on one axis (one_axis_per_pair)
+  double* angle_;                  // several axes: the angles (direct rows)
+  double* pair_freq_;              // each pair's one frequency: its axis's, or the column sum
+  int64_t* runs_;                  // several axes: runs of pairs on one axis (one_axis_per_pair)
   int64_t n_runs_ = 0;
-  // One value per axis: the row's position; its anchors (sin_ and cos_ hold their row) and steps
-  // past them; the positions whose rows rotated_sin_/rotated_cos_ and (direct) sin_/cos_ hold, and
-  // the steps axis_steps_ holds. kNone where none.
-  double *position_, *anchors_, *steps_at_, *rotated_at_, *axis_steps_at_, *direct_at_;
+  // One value per axis: the row's position, its anchor and the steps past it; the positions whose
+  // rows sin_/cos_ and rotated_sin_/rotated_cos_ hold (kNone: none), and the steps axis_steps_ holds
+  // (-1: none).
+  double *position_, *anchor_, *held_, *rotated_at_;
+  int64_t *step_, *axis_steps_at_;
   const M* steps_ = nullptr;       // the steps' table (step_row)
 };
 

@@ -113,7 +113,6 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
   const SinusoidalParams& prm = p.params;
   const int64_t half = prm.half, dim = prm.dim;
   SinCosStream<M> angles(freq, half, M(1));
-  const auto position_of = [&](int64_t u) { return p.position(u / p.seq, u % p.seq); };
   std::vector<M> pe_rows(p.x ? kBlock * dim : 0);
   std::vector<T> row(stream ? dim : 0);  // a row formed in L1 to be streamed out (run_typed)
   const auto add_row = [&](int64_t b, int64_t s, const M* pe) {
@@ -132,12 +131,14 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
   for (int64_t block = begin; block < end; block += kBlock) {
     const int64_t n = std::min<int64_t>(kBlock, end - block);
     for (int64_t j = 0; j < n; ++j) {
+      const int64_t u = block + j;
+      const auto position_of = [&](int64_t) { return p.position(u / p.seq, u % p.seq); };
       if (p.x) {
-        angles.at(block + j, position_of, EncodingRow<M>{prm, pe_rows.data() + j * dim});
+        angles.at(position_of, EncodingRow<M>{prm, pe_rows.data() + j * dim});
         continue;
       }
-      T* out = static_cast<T*>(p.out) + (block + j) % p.seq * p.out_stride_s;  // the table: batch 1
-      angles.at(block + j, position_of, EncodingRow<T>{prm, stream ? row.data() : out});
+      T* out = static_cast<T*>(p.out) + u % p.seq * p.out_stride_s;  // the table: batch 1
+      angles.at(position_of, EncodingRow<T>{prm, stream ? row.data() : out});
       if (stream) stream_copy(out, row.data(), dim * sizeof(T));
     }
     if (!p.x) continue;

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Callable, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
 
@@ -432,12 +432,14 @@ def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, i
         return q_out, (k_out if k is not None else None)
     if _functorch_active():  # the in-place op has no torch.func rule: the out-of-place one, copied back
         _check_writable_apart("posenc.rope_", q, k_arg)
-        _rotate_and_copy_back(_dispatch_rope, *args, under_transform=True)
+        rotated = _dispatch("rope", *args)
+        _check_copyable("posenc.rope_", q=(q, rotated[0]), k=(k_arg, rotated[1]))  # (before the first copy)
+        _copy_back(q, k_arg, rotated)
     elif torch.compiler.is_compiling():
         if _grad_wanted(q, k_arg, inv_freq):
             # the in-place op's autograd (a Python kernel) traced by AOTAutograd gave rotated views
             # of a non-leaf wrong gradients: the out-of-place op and copy_, whose autograd torch traces
-            _rotate_and_copy_back(_dispatch_rope, *args)
+            _copy_back(q, k_arg, _dispatch("rope", *args))
         else:
             _rope_in_place_compiled(*[() if a is None else a for a in args])  # (nonstrict_trace takes no None)
     elif _grad_wanted(q, k_arg, inv_freq):  # (the autograd kernel refuses an inv_freq that wants a gradient)
@@ -466,26 +468,17 @@ def _rope_in_place_compiled(q: torch.Tensor, k: torch.Tensor, *rest) -> torch.Te
     call in place. Absent arguments come as ``()``. Returns a placeholder (nonstrict_trace wants an output)."""
     rest = tuple(None if isinstance(a, tuple) and not a else a for a in rest)
     if isinstance(q.storage_offset(), torch.SymInt) or isinstance(k.storage_offset(), torch.SymInt):
-        _rotate_and_copy_back(torch.ops.posenc.rope, q, k, *rest)
+        _copy_back(q, k, torch.ops.posenc.rope(q, k, *rest))
     else:
         torch.ops.posenc.rope_(q, k, *rest)
     return q.new_empty(())
 
 
-def _rotate_and_copy_back(rotate: Callable, q: torch.Tensor, k: torch.Tensor, *rest, under_transform: bool = False
-                          ) -> None:
-    """The in-place rotation where the in-place op cannot run (or runs wrong): ``rotate(q, k, *rest)``,
-    the out-of-place op, copied back into q and k; ``under_transform`` (torch.func): refused before
-    the first copy when a result cannot be written there (``_functorch.check_copyable``)."""
-    q_out, k_out = rotate(q, k, *rest)
-    if under_transform:
-        _check_copyable("posenc.rope_", q=(q, q_out), k=(k, k_out))
-    q.copy_(q_out)
-    k.copy_(k_out)
-
-
-def _dispatch_rope(*args):
-    return _dispatch("rope", *args)
+def _copy_back(q: torch.Tensor, k: torch.Tensor, rotated: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """The in-place rotation where the in-place op cannot run (or runs wrong): the out-of-place op's
+    results ``rotated`` copied into q and k."""
+    q.copy_(rotated[0])
+    k.copy_(rotated[1])
 
 
 _is_batched = torch._C._functorch.is_batchedtensor  # a tensor vmapped by torch.func.vmap

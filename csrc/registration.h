@@ -33,6 +33,13 @@ struct SymInt {
   using type = int64_t;
   static constexpr const char* schema = "SymInt";
 };
+// An int added to positions that defaults to 0: appended to an op that had none, so calls written
+// before it (TorchScript, C++, positional Python) still bind.
+struct OffsetSymInt {
+  using type = int64_t;
+  static constexpr const char* schema = "SymInt";
+  static constexpr const char* default_value = "0";
+};
 struct Float {
   using type = double;
   static constexpr const char* schema = "float";
@@ -54,8 +61,19 @@ struct OptDtype {
   static constexpr const char* schema = "ScalarType?";
 };
 
+// A kind's default ("=0"), or none.
+template <typename Kind>
+constexpr const char* default_of() {
+  if constexpr (requires { Kind::default_value; }) {
+    return Kind::default_value;
+  } else {
+    return nullptr;
+  }
+}
+
 // "Tensor q, Tensor k, ...": the mutated tensors (in-place ops) get alias sets a!, b!, ...
-inline void append(std::string& s, const char* type, const char* name, std::initializer_list<std::string_view> mutated) {
+inline void append(std::string& s, const char* type, const char* name, std::initializer_list<std::string_view> mutated,
+                   const char* default_value = nullptr) {
   if (!s.empty()) s += ", ";
   s += type;
   char alias = 'a';
@@ -64,6 +82,7 @@ inline void append(std::string& s, const char* type, const char* name, std::init
     ++alias;
   }
   (s += ' ') += name;
+  if (default_value) (s += '=') += default_value;
 }
 
 }  // namespace posenc::arg
@@ -71,7 +90,8 @@ inline void append(std::string& s, const char* type, const char* name, std::init
 #define POSENC_ARG_FIELD(kind, name) ::posenc::arg::kind::type name{};
 #define POSENC_ARG_COUNT(kind, name) +1
 #define POSENC_ARG_MAKE(kind, name) next.template operator()<::posenc::arg::kind::type>(),
-#define POSENC_ARG_SCHEMA(kind, name) ::posenc::arg::append(s, ::posenc::arg::kind::schema, #name, mutated);
+#define POSENC_ARG_SCHEMA(kind, name) \
+  ::posenc::arg::append(s, ::posenc::arg::kind::schema, #name, mutated, ::posenc::arg::default_of<::posenc::arg::kind>());
 #define POSENC_ARG_VISIT(kind, name) f(name);
 
 // struct Name { fields...; count; make(next); unbox(stack); schema(mutated); visit(f) }
@@ -109,10 +129,10 @@ namespace posenc {
   X(Float, angle_scale) X(Bool, cos_first) X(Dtype, dtype)
 POSENC_ARGS_STRUCT(SinusoidalTableArgs, POSENC_SINUSOIDAL_TABLE_ARGS)
 
-// x * x_scale + PE[positions]; x [B, S, D] or [S, D], positions [S] or [B, S].
+// x * x_scale + PE[positions + offset]; x [B, S, D] or [S, D], positions [S] or [B, S] (none: 0 .. S-1).
 #define POSENC_ADD_SINUSOIDAL_ARGS(X) \
-  X(Tensor, x) X(Tensor, positions) X(Float, x_scale) X(Float, base) X(Bool, interleaved) X(Float, freq_shift) \
-  X(Float, angle_scale) X(Bool, cos_first)
+  X(Tensor, x) X(OptTensor, positions) X(Float, x_scale) X(Float, base) X(Bool, interleaved) X(Float, freq_shift) \
+  X(Float, angle_scale) X(Bool, cos_first) X(OffsetSymInt, offset)
 POSENC_ARGS_STRUCT(AddSinusoidalArgs, POSENC_ADD_SINUSOIDAL_ARGS)
 
 // ---- RoPE with angles from inv_freq (rotary_dim = 2 * len(inv_freq)); k may have zero heads.

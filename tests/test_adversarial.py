@@ -592,7 +592,7 @@ def test_positions_outside_domain_raise(positions, offset):
     with pytest.raises(RuntimeError, match=r"positions \+ offset must lie in \[-2\^48, 2\^48\]"):
         pn.apply_rope_(q, None, pos, inv_freq=inv_freq(8), offset=offset)
     assert torch.equal(q, before)
-    # add_sinusoidal adds the offset before its op: the message still names what was given, not a wrapped sum
+    # add_sinusoidal's op adds the offset too: its message names what was given, not a wrapped sum
     x = torch.randn(1, 1, 8)
     if abs(offset) > MAX_POSITION:
         with pytest.raises(ValueError, match="offset must lie in"):
@@ -630,6 +630,12 @@ def test_offset_out_of_domain_without_positions(device):
                       cu_seqlens=torch.tensor([0, 4], device=device), offset=2 ** 63 - 2)
     with pytest.raises(ValueError, match="offset must lie in"):
         pn.add_sinusoidal(torch.randn(4, 8, device=device), offset=2 ** 50)
+    x = torch.randn(4, 8, device=device)
+    for offset in (MAX_POSITION - 2, 2 ** 63 - 2, -(2 ** 63)):  # (the op itself: no Python check before it)
+        with pytest.raises(RuntimeError, match=re.escape(f"positions (0 .. seq-1) + offset must lie in [-2^48, 2^48] "
+                                                         f"(the supported position domain), got positions in [0, 3] "
+                                                         f"and offset {offset}")):
+            torch.ops.posenc.add_sinusoidal(x, None, 1.0, 10000.0, True, 0.0, 1.0, False, offset)
 
 
 def test_angle_domain_checks_the_frequencies():

@@ -9,7 +9,7 @@ import torch
 from torch._library import simple_registry
 
 import posenc_native  # noqa: F401  (loads the library and registers the fake kernels)
-from posenc_native import _op_args
+from posenc_native import _op_args, reference
 
 
 def _posenc_ops() -> list[str]:
@@ -43,10 +43,31 @@ def test_python_binding_matches_schema(name):
     want = tuple(a.name for a in schema.arguments)
     got = _op_args.op_args(name)._fields
     assert got == want, f"posenc.{name}: Python binds arguments {got}, the registered schema has {want}"
-    # bind() passes the positional arguments torch hands a fake kernel / setup_context; that is all
-    # of them only while no argument has a default or is keyword-only (registration.h emits neither)
-    odd = [a.name for a in schema.arguments if a.kwarg_only or a.default_value is not None]
-    assert not odd, f"posenc.{name}: arguments {odd} are keyword-only or have defaults; teach _op_args.bind them"
+    # bind() names the positional arguments torch hands a fake kernel / setup_context, filling the
+    # trailing defaults a caller left out (registration.h emits no keyword-only argument, and
+    # defaults only for arguments appended to an op: add_sinusoidal's offset)
+    kwarg_only = [a.name for a in schema.arguments if a.kwarg_only]
+    assert not kwarg_only, f"posenc.{name}: arguments {kwarg_only} are keyword-only; teach _op_args.bind them"
+    defaults = {a.name: a.default_value for a in schema.arguments if a.default_value is not None}
+    assert _op_args.op_args(name)._field_defaults == defaults, (
+        f"posenc.{name}: defaults {defaults} are not all trailing; teach _op_args.bind them")
+
+
+def test_a_call_without_the_trailing_default_binds_it():
+    """add_sinusoidal as written before it had an offset (TorchScript, C++ and positional Python
+    callers): the fake kernel and autograd see offset 0, and the op adds the given positions alone."""
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(2, 5, 12, generator=g, dtype=torch.float64, requires_grad=True)
+    pos = torch.randint(0, 99, (5,), generator=g)
+    old_style = (x, pos, 2.0, 10000.0, True, 0.0, 1.0, False)
+    assert _op_args.bind("add_sinusoidal", old_style).offset == 0
+    out = torch.ops.posenc.add_sinusoidal(*old_style)
+    torch.testing.assert_close(out, reference.add_sinusoidal(x.detach(), pos, x_scale=2.0), rtol=0, atol=1e-12)
+    out.sum().backward()  # (autograd's setup_context binds the same tuple)
+    torch.testing.assert_close(x.grad, torch.full_like(x, 2.0))
+    compiled = torch.compile(lambda t: torch.ops.posenc.add_sinusoidal(t, pos, 2.0, 10000.0, True, 0.0, 1.0, False),
+                             fullgraph=True, backend="aot_eager")  # (the fake kernel binds it too)
+    torch.testing.assert_close(compiled(x.detach()), out.detach(), rtol=0, atol=0)
 
 
 # The Python autograd passes arguments between ops by name (_op_args.call): the backward of each

@@ -263,6 +263,12 @@ def _add_samples():
          torch.randint(0, 999, (1, 4), generator=g, dtype=torch.int32), 1.0, 10000.0, False, 0.0, 1.0, False),
         (torch.randn(2, 6, 21, generator=g)[..., 2:19].to(torch.float16), torch.arange(6) * 3, 4.0, 10000.0, True, 0.0,
          0.1, False),
+        # offset (trailing, defaulted), with default positions, int32 positions and float positions
+        (torch.randn(2, 5, 16, generator=g).requires_grad_(), None, 1.5, 10000.0, True, 0.0, 1.0, False, 37),
+        (torch.randn(5, 12, generator=g), torch.randint(-9, 9, (5,), generator=g, dtype=torch.int32), 1.0, 500.0,
+         False, 0.0, 1.0, True, -(2 ** 40)),
+        (torch.randn(3, 4, 8, generator=g, dtype=torch.float64).requires_grad_(),
+         torch.rand(3, 4, generator=g, dtype=torch.float64) * 9, 1.0, 10000.0, True, 0.0, 1.0, False, 1000),
     ]
 
 

@@ -41,9 +41,10 @@ namespace posenc {
 struct SinusoidalProblem {
   SinusoidalParams params;
   int64_t batch = 1, seq = 0;
-  const void* positions = nullptr;
+  const void* positions = nullptr;  // none: 0 .. seq-1 in every batch row
   IndexKind positions_kind = IndexKind::Int64;
   int64_t pos_stride_b = 0, pos_stride_s = 0;
+  int64_t offset = 0;  // added to every position (|offset| <= 2^48: the sum is exact in float64)
   const void* x = nullptr;
   int64_t x_stride_b = 0, x_stride_s = 0, x_stride_d = 1;
   double x_scale = 1.0;
@@ -51,7 +52,9 @@ struct SinusoidalProblem {
   int64_t out_stride_b = 0, out_stride_s = 0;  // out's last dim is contiguous
 
   POSENC_HD double position(int64_t b, int64_t s) const {
-    return load_as_double(positions, positions_kind, b * pos_stride_b + s * pos_stride_s);
+    const double given = positions ? load_as_double(positions, positions_kind, b * pos_stride_b + s * pos_stride_s)
+                                   : static_cast<double>(s);
+    return given + static_cast<double>(offset);
   }
 };
 

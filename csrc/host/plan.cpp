@@ -147,22 +147,29 @@ SinusoidalParams sinusoidal_params(const char* op, int64_t dim, double base, boo
   return p;
 }
 
-// Values of the sinusoidal positions: finite, |p| <= 2^48 and |p * w| <= 2^50 for every frequency w
-// (on the host for CPU positions; the kernel checks positions on the GPU: core/sinusoidal.h).
-void check_sinusoidal_domain(const char* op, const Tensor& positions, const SinusoidalParams& prm) {
-  if (positions.numel() == 0 || !host_readable(positions)) return;
-  const ValueRange r = value_range(positions);
+// Values of the sinusoidal positions plus offset: finite, |p| <= 2^48 and |p * w| <= 2^50 for every
+// frequency w (on the host for CPU positions; the kernel checks positions on the GPU:
+// core/sinusoidal.h). positions none: 0 .. seq-1.
+void check_sinusoidal_domain(const char* op, const OptTensor& positions, int64_t seq, int64_t offset,
+                             const SinusoidalParams& prm) {
   double bound = 0;
-  if (r.integral) {
-    checked_position_bound(op, r.imin, r.imax, 0, "positions");
-    bound = std::max(std::abs(static_cast<double>(r.imin)), std::abs(static_cast<double>(r.imax)));
+  if (!positions.has_value()) {
+    if (seq == 0) return;
+    bound = static_cast<double>(checked_position_bound(op, 0, seq - 1, offset, "positions (0 .. seq-1)"));
   } else {
-    POSENC_CHECK(std::isfinite(r.fmin) && std::isfinite(r.fmax), op, ": positions must be finite, got values in [",
-                 r.fmin, ", ", r.fmax, "]");
-    bound = std::max(std::abs(r.fmin), std::abs(r.fmax));
-    POSENC_CHECK(bound <= static_cast<double>(kMaxPosition), op,
-                 ": positions must lie in [-2^48, 2^48] (the supported position domain), got values in [", r.fmin,
-                 ", ", r.fmax, "]");
+    if (positions->numel() == 0 || !host_readable(*positions)) return;
+    const ValueRange r = value_range(*positions);
+    if (r.integral) {
+      bound = static_cast<double>(checked_position_bound(op, r.imin, r.imax, offset, "positions"));
+    } else {
+      POSENC_CHECK(std::isfinite(r.fmin) && std::isfinite(r.fmax), op,
+                   ": positions must be finite, got values in [", r.fmin, ", ", r.fmax, "]");
+      const double off = static_cast<double>(offset);  // (exact: |offset| <= 2^48)
+      bound = std::max(std::abs(r.fmin + off), std::abs(r.fmax + off));
+      POSENC_CHECK(bound <= static_cast<double>(kMaxPosition), op, ": positions", offset ? " + offset" : "",
+                   " must lie in [-2^48, 2^48] (the supported position domain), got values in [", r.fmin, ", ",
+                   r.fmax, "]", offset ? " and offset " + std::to_string(offset) : std::string());
+    }
   }
   POSENC_CHECK(bound <= prm.angle_position_limit, op, ": position * frequency must stay within 2^50 rad (the",
                " supported angle domain); the largest |position| is ", bound, " and the largest frequency ",
@@ -178,7 +185,7 @@ Tensor sinusoidal_table_op(const SinusoidalTableArgs& a, const Backend& backend)
   SinusoidalProblem p;
   p.params = sinusoidal_params(op, a.dim, a.base, a.interleaved, a.freq_shift, a.angle_scale, a.cos_first);
   const Tensor positions = sinusoidal_positions(op, a.positions);
-  check_sinusoidal_domain(op, positions, p.params);
+  check_sinusoidal_domain(op, positions, positions.size(0), 0, p.params);
   Tensor out = empty({positions.size(0), a.dim}, a.dtype, positions);
   if (out.numel() == 0) return out;
   p.batch = 1;
@@ -195,33 +202,39 @@ Tensor sinusoidal_table_op(const SinusoidalTableArgs& a, const Backend& backend)
 Tensor add_sinusoidal_op(const AddSinusoidalArgs& a, const Backend& backend) {
   constexpr const char* op = "posenc.add_sinusoidal";
   const Tensor& x = a.x;
-  const Tensor& positions_in = a.positions;
   POSENC_CHECK(x.dim() == 2 || x.dim() == 3, op, ": x must be [batch, seq, dim] or [seq, dim], got shape ", sizes_of(x));
   POSENC_CHECK(is_float_dtype(dtype_of(x)), op, ": x must be float32, float16, bfloat16 or float64, got ",
                dtype_of(x));
-  check_operand(op, x, "x", positions_in, "positions");
   const int64_t batch = x.dim() == 3 ? x.size(0) : 1;
   const int64_t seq = x.size(-2);
   const int64_t dim = x.size(-1);
-  POSENC_CHECK(positions_in.dim() == 1 || (positions_in.dim() == 2 && x.dim() == 3), op, ": positions must be [seq]",
-               x.dim() == 3 ? " or [batch, seq]" : "", ", got shape ", sizes_of(positions_in));
-  POSENC_CHECK(positions_in.size(-1) == seq, op, ": positions must have seq = ", seq,
-               " entries in its last dim, got shape ", sizes_of(positions_in));
-  POSENC_CHECK(positions_in.dim() == 1 || positions_in.size(0) == batch || positions_in.size(0) == 1, op,
-               ": positions [batch, seq] must have batch ", batch, " or 1, got shape ", sizes_of(positions_in));
+  OptTensor positions;  // as the kernels read them (int32/int64/float32/float64)
+  if (a.positions.has_value()) {
+    const Tensor& given = *a.positions;
+    check_operand(op, x, "x", given, "positions");
+    POSENC_CHECK(given.dim() == 1 || (given.dim() == 2 && x.dim() == 3), op, ": positions must be [seq]",
+                 x.dim() == 3 ? " or [batch, seq]" : "", ", got shape ", sizes_of(given));
+    POSENC_CHECK(given.size(-1) == seq, op, ": positions must have seq = ", seq,
+                 " entries in its last dim, got shape ", sizes_of(given));
+    POSENC_CHECK(given.dim() == 1 || given.size(0) == batch || given.size(0) == 1, op,
+                 ": positions [batch, seq] must have batch ", batch, " or 1, got shape ", sizes_of(given));
+    positions = sinusoidal_positions(op, given);
+  }
   POSENC_CHECK(std::isfinite(a.x_scale), op, ": x_scale must be finite, got ", a.x_scale);
   SinusoidalProblem p;
   p.params = sinusoidal_params(op, dim, a.base, a.interleaved, a.freq_shift, a.angle_scale, a.cos_first);
-  const Tensor positions = sinusoidal_positions(op, positions_in);
-  check_sinusoidal_domain(op, positions, p.params);
+  check_sinusoidal_domain(op, positions, seq, a.offset, p.params);
   Tensor out = new_rows_like(x);
   if (out.numel() == 0) return out;
   p.batch = batch;
   p.seq = seq;
-  p.positions = positions.data_ptr();
-  p.positions_kind = index_kind(positions);
-  p.pos_stride_s = positions.stride(-1);
-  p.pos_stride_b = (positions.dim() == 2 && positions.size(0) == batch) ? positions.stride(0) : 0;
+  p.offset = a.offset;
+  if (positions.has_value()) {
+    p.positions = positions->data_ptr();
+    p.positions_kind = index_kind(*positions);
+    p.pos_stride_s = positions->stride(-1);
+    p.pos_stride_b = (positions->dim() == 2 && positions->size(0) == batch) ? positions->stride(0) : 0;
+  }
   p.x = data_of(op, x, "x");
   p.x_stride_b = x.dim() == 3 ? x.stride(0) : 0;
   p.x_stride_s = x.stride(-2);

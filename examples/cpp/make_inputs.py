@@ -136,7 +136,7 @@ def main(argv=None) -> int:
     args_ = (inputs["x"], inputs["q"], inputs["k"], inputs["positions"], inputs["cos"], inputs["sin"])
     with torch.no_grad():
         expected = {f"script.{name}": t for name, t in demo(*args_).items()}
-        # What the C++ program computes through posenc.h (posenc::apply_rope, posenc::sinusoidal_table).
+        # What the C++ program computes through posenc.h (posenc::apply_rope, posenc::sinusoidal_table, ...).
         api_q, api_k = posenc_native.apply_rope(inputs["q"], inputs["k"], inputs["positions"],
                                                 inv_freq=demo.inv_freq)
         expected["api.rope_q"] = api_q
@@ -144,6 +144,7 @@ def main(argv=None) -> int:
         expected["api.rope_q_default_positions"] = posenc_native.apply_rope(inputs["q"], inputs["k"],
                                                                             inv_freq=demo.inv_freq)[0]
         expected["api.table"] = posenc_native.sinusoidal_table(inputs["positions"], D_MODEL)
+        expected["api.embedded_offset"] = posenc_native.add_sinusoidal(inputs["x"], offset=11, x_scale=2.0)
         expected["api.t5_bias"] = posenc_native.relative_position_bias(inputs["t5_weight"], 3, 24, bidirectional=False,
                                                                        query_offset=21)
         expected["api.alibi_slopes"] = posenc_native.alibi_slopes(HEADS)

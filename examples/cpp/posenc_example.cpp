@@ -80,6 +80,8 @@ int main(int argc, char** argv) {
     out.insert("api.rope_k", rk);
     out.insert("api.rope_q_default_positions", std::get<0>(posenc::apply_rope(q, k, at::Tensor(), inv_freq)));
     out.insert("api.table", posenc::sinusoidal_table(positions, x.size(-1)));
+    // x * 2 + PE at positions 11 .. 11 + S - 1 (the default positions, offset as while decoding)
+    out.insert("api.embedded_offset", posenc::add_sinusoidal(x, at::Tensor(), 2.0, 10000.0, true, 0.0, 1.0, false, 11));
     // Relative position biases: T5 (decoder-style, a query after 20 cached tokens) and ALiBi.
     out.insert("api.t5_bias", posenc::relative_position_bias(get(inputs, "t5_weight"), 3, 24, false, 128, 21));
     const at::Tensor slopes = posenc::alibi_slopes(q.size(2));

@@ -19,9 +19,16 @@ from ._functorch import dispatch
 
 @functools.lru_cache(maxsize=None)
 def op_args(name: str) -> type:
-    """A namedtuple class of ``torch.ops.posenc.<name>``'s arguments: the schema's names, in its order."""
-    schema = getattr(torch.ops.posenc, name).default._schema
-    return collections.namedtuple(f"{name}_args", [a.name for a in schema.arguments])
+    """A namedtuple class of ``torch.ops.posenc.<name>``'s arguments: the schema's names, in its order,
+    with the schema's trailing defaults (an argument appended to an op that had none, e.g.
+    ``add_sinusoidal``'s ``offset=0``)."""
+    arguments = getattr(torch.ops.posenc, name).default._schema.arguments
+    defaults = []
+    for a in reversed(arguments):
+        if not a.has_default_value():
+            break
+        defaults.insert(0, a.default_value)
+    return collections.namedtuple(f"{name}_args", [a.name for a in arguments], defaults=defaults)
 
 
 def arg_index(name: str, field: str) -> int:
@@ -31,7 +38,7 @@ def arg_index(name: str, field: str) -> int:
 
 def bind(name: str, args: tuple) -> NamedTuple:
     """The positional arguments of a call of op ``name`` (as a fake kernel or ``setup_context``
-    gets them; the schemas have neither defaults nor keyword-only arguments), by name."""
+    gets them: positional, without the trailing defaults when the caller left them out), by name."""
     return op_args(name)(*args)
 
 

@@ -39,8 +39,7 @@ class SinusoidalPositionalEncoding(DerivedBuffers):
         if torch.jit.is_scripting():  # TorchScript: the op itself, as ops.add_sinusoidal calls it
             if x.size(-1) != self.d_model:
                 raise ValueError(f"x's last dim must be d_model={self.d_model}, got shape {x.shape}")
-            positions = torch.arange(x.size(-2), device=x.device) + offset
-            return torch.ops.posenc.add_sinusoidal(x, positions, 1.0, 10000.0, True, 0.0, 1.0, False)
+            return torch.ops.posenc.add_sinusoidal(x, None, 1.0, 10000.0, True, 0.0, 1.0, False, offset)
         else:
             node = _fx.module_node(self, x, offset)
             if node is not None:

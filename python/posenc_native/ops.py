@@ -105,9 +105,9 @@ def add_sinusoidal(x: torch.Tensor, positions: Optional[torch.Tensor] = None, *,
         x: ``[batch, seq, dim]`` or ``[seq, dim]``; float32/float16/bfloat16/float64, any strides.
         positions: ``[seq]`` or ``[batch, seq]`` integer or float positions; default
             ``arange(seq)``.
-        offset: added to every position, given or default (e.g. the cache length while decoding);
-            computed in int64 (float64 for float positions), so int32 positions never wrap.
-            ``|offset| <= 2**48``, the position domain.
+        offset: added to every position, given or default (e.g. the cache length while decoding),
+            by the op: exactly, in float64, so int32 positions never wrap. ``|offset| <= 2**48``,
+            the position domain.
         x_scale: multiplies x first (``sqrt(d_model)`` in the original transformer).
         Other options as in :func:`sinusoidal_table`.
 
@@ -119,29 +119,14 @@ def add_sinusoidal(x: torch.Tensor, positions: Optional[torch.Tensor] = None, *,
         return _fx.record_call(proxy, add_sinusoidal, x, positions, offset=offset, x_scale=x_scale, base=base,
                                interleaved=interleaved, freq_shift=freq_shift, angle_scale=angle_scale,
                                cos_first=cos_first)
-    x = _check_tensor("x", x)  # its shape is checked by the op (a 1-D x has no seq dim to default from)
+    x = _check_tensor("x", x)  # (its shape is checked by the op)
     positions = _check_tensor("positions", positions, optional=True)
     offset = _check_int("offset", offset)
     if not -MAX_POSITION <= offset <= MAX_POSITION:
         raise ValueError(f"offset must lie in [-2**48, 2**48] (the position domain), got {offset}")
-    given = positions
-    if positions is None:
-        positions = torch.arange(x.shape[-2] if x.dim() >= 2 else 0, device=x.device) + offset
-    elif offset:
-        # int64 (float64) so that int32 positions plus a large offset cannot wrap; with |offset| and
-        # the op's |position| both bounded by 2**48, no int64 sum wraps into the domain unnoticed.
-        positions = positions.to(torch.float64 if positions.is_floating_point() else torch.int64) + offset
-    try:
-        return _dispatch("add_sinusoidal", x, positions, _check_float("x_scale", x_scale), _check_float("base", base),
-                         _check_bool("interleaved", interleaved), _check_float("freq_shift", freq_shift),
-                         _check_float("angle_scale", angle_scale), _check_bool("cos_first", cos_first))
-    except RuntimeError as e:
-        if not (offset and given is not None and given.numel() and "must lie in [-2^48, 2^48]" in str(e)):
-            raise
-        # the op saw the sum (perhaps wrapped in int64): the message names what was given
-        raise RuntimeError(f"posenc.add_sinusoidal: positions + offset must lie in [-2^48, 2^48] (the supported "
-                           f"position domain), got positions in [{given.min().item()}, {given.max().item()}] and "
-                           f"offset {offset}") from None
+    return _dispatch("add_sinusoidal", x, positions, _check_float("x_scale", x_scale), _check_float("base", base),
+                     _check_bool("interleaved", interleaved), _check_float("freq_shift", freq_shift),
+                     _check_float("angle_scale", angle_scale), _check_bool("cos_first", cos_first), offset)
 
 
 @torch.library.register_fake("posenc::sinusoidal_table")
@@ -158,8 +143,9 @@ def _add_sinusoidal_fake(*args):
     a = bind("add_sinusoidal", args)
     x = a.x
     torch._check(x.dim() in (2, 3), lambda: f"posenc.add_sinusoidal: x must be 2-D or 3-D, got {x.dim()}-D")
-    torch._check(a.positions.device == x.device, lambda: "posenc.add_sinusoidal: positions must be on the same "
-                 f"device as x ({x.device}), got {a.positions.device}")
+    if a.positions is not None:
+        torch._check(a.positions.device == x.device, lambda: "posenc.add_sinusoidal: positions must be on the same "
+                     f"device as x ({x.device}), got {a.positions.device}")
     return _rows_like(x)
 
 

@@ -46,14 +46,16 @@ inline at::Tensor sinusoidal_table(const at::Tensor& positions, int64_t dim, dou
   return op.call(positions, dim, base, interleaved, freq_shift, angle_scale, cos_first, dtype);
 }
 
-// x * x_scale + PE[positions] in one pass.
+// x * x_scale + PE[positions + offset] in one pass; an undefined positions tensor (at::Tensor())
+// means positions 0 .. S-1 of every row.
 inline at::Tensor add_sinusoidal(const at::Tensor& x, const at::Tensor& positions, double x_scale = 1.0,
                                  double base = 10000.0, bool interleaved = true, double freq_shift = 0.0,
-                                 double angle_scale = 1.0, bool cos_first = false) {
-  static const auto op =
-      detail::find_op("posenc::add_sinusoidal")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, double, double, bool, double, double, bool)>();
-  return op.call(x, positions, x_scale, base, interleaved, freq_shift, angle_scale, cos_first);
+                                 double angle_scale = 1.0, bool cos_first = false, int64_t offset = 0) {
+  static const auto op = detail::find_op("posenc::add_sinusoidal")
+                             .typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, double, double,
+                                               bool, double, double, bool, c10::SymInt)>();
+  const std::optional<at::Tensor> given = positions.defined() ? std::optional<at::Tensor>(positions) : std::nullopt;
+  return op.call(x, given, x_scale, base, interleaved, freq_shift, angle_scale, cos_first, c10::SymInt(offset));
 }
 
 // Rotates q and k ([B,S,H,D] for "bshd") by position * inv_freq, times attention_factor; an

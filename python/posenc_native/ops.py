@@ -91,9 +91,10 @@ def sinusoidal_table(positions: Positions, dim: int, *, base: float = 10000.0, i
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__} {dtype!r}")
     pos = _positions_tensor(positions, device)
-    return _dispatch("sinusoidal_table", pos, dim, _check_float("base", base), _check_bool("interleaved", interleaved),
-                     _check_float("freq_shift", freq_shift), _check_float("angle_scale", angle_scale),
-                     _check_bool("cos_first", cos_first), dtype)
+    with _autograd_skipped(pos):
+        return _dispatch("sinusoidal_table", pos, dim, _check_float("base", base),
+                         _check_bool("interleaved", interleaved), _check_float("freq_shift", freq_shift),
+                         _check_float("angle_scale", angle_scale), _check_bool("cos_first", cos_first), dtype)
 
 
 def add_sinusoidal(x: torch.Tensor, positions: Optional[torch.Tensor] = None, *, offset: int = 0,
@@ -124,9 +125,11 @@ def add_sinusoidal(x: torch.Tensor, positions: Optional[torch.Tensor] = None, *,
     offset = _check_int("offset", offset)
     if not -MAX_POSITION <= offset <= MAX_POSITION:
         raise ValueError(f"offset must lie in [-2**48, 2**48] (the position domain), got {offset}")
-    return _dispatch("add_sinusoidal", x, positions, _check_float("x_scale", x_scale), _check_float("base", base),
-                     _check_bool("interleaved", interleaved), _check_float("freq_shift", freq_shift),
-                     _check_float("angle_scale", angle_scale), _check_bool("cos_first", cos_first), offset)
+    with _autograd_skipped(x, positions):
+        return _dispatch("add_sinusoidal", x, positions, _check_float("x_scale", x_scale),
+                         _check_float("base", base), _check_bool("interleaved", interleaved),
+                         _check_float("freq_shift", freq_shift), _check_float("angle_scale", angle_scale),
+                         _check_bool("cos_first", cos_first), offset)
 
 
 @torch.library.register_fake("posenc::sinusoidal_table")
@@ -470,16 +473,18 @@ def _copy_back(q: torch.Tensor, k: torch.Tensor, rotated: tuple[torch.Tensor, to
 _is_batched = torch._C._functorch.is_batchedtensor  # a tensor vmapped by torch.func.vmap
 
 
-def _grad_wanted(*tensors: torch.Tensor) -> bool:
-    """Whether autograd would record a call on ``tensors``: grad mode on and one requires grad."""
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+def _grad_wanted(*tensors: Optional[torch.Tensor]) -> bool:
+    """Whether autograd would record a call on ``tensors`` (None: an absent one): grad mode on and
+    one requires grad."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def _autograd_skipped(*inputs: torch.Tensor):
+def _autograd_skipped(*inputs: Optional[torch.Tensor]):
     """Skips the ops' autograd kernel when no gradient can flow to the tensor ``inputs`` (eager mode
     only): that kernel is Python (``register_autograd`` below) and costs several microseconds per
     call even when no input requires grad, which dominates a decode step. Under torch.compile the
-    kernel is traced away. An angle input that wants a gradient keeps the kernel, which refuses it."""
+    kernel is traced away. An angle input (or float positions) that wants a gradient keeps the
+    kernel, which refuses it."""
     if (torch.compiler.is_compiling() or _grad_wanted(*inputs) or torch.is_inference_mode_enabled()  # (no autograd key)
             or _dual_level_active()):  # (a tangent goes through the autograd key)
         return _NO_SKIP

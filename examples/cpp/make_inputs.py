@@ -147,6 +147,8 @@ def main(argv=None) -> int:
         expected["api.embedded_offset"] = posenc_native.add_sinusoidal(inputs["x"], offset=11, x_scale=2.0)
         expected["api.t5_bias"] = posenc_native.relative_position_bias(inputs["t5_weight"], 3, 24, bidirectional=False,
                                                                        query_offset=21)
+        expected["api.t5_bias_default_buckets"] = posenc_native.relative_position_bias(
+            inputs["t5_weight"], 3, 24, bidirectional=False, max_distance=64, query_offset=21)
         expected["api.alibi_slopes"] = posenc_native.alibi_slopes(HEADS)
         expected["api.alibi_bias"] = posenc_native.alibi_bias(expected["api.alibi_slopes"], 3, 24, query_offset=21)
 

@@ -83,7 +83,9 @@ int main(int argc, char** argv) {
     // x * 2 + PE at positions 11 .. 11 + S - 1 (the default positions, offset as while decoding)
     out.insert("api.embedded_offset", posenc::add_sinusoidal(x, at::Tensor(), 2.0, 10000.0, true, 0.0, 1.0, false, 11));
     // Relative position biases: T5 (decoder-style, a query after 20 cached tokens) and ALiBi.
-    out.insert("api.t5_bias", posenc::relative_position_bias(get(inputs, "t5_weight"), 3, 24, false, 128, 21));
+    const at::Tensor t5_weight = get(inputs, "t5_weight");  // [32 buckets, heads]
+    out.insert("api.t5_bias", posenc::relative_position_bias(t5_weight, 3, 24, false, 32, 128, 21));
+    out.insert("api.t5_bias_default_buckets", posenc::relative_position_bias(t5_weight, 3, 24, false, {}, 64, 21));
     const at::Tensor slopes = posenc::alibi_slopes(q.size(2));
     out.insert("api.alibi_slopes", slopes);
     out.insert("api.alibi_bias", posenc::alibi_bias(slopes, 3, 24, 21));

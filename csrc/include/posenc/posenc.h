@@ -78,17 +78,18 @@ inline std::tuple<at::Tensor, at::Tensor> apply_rope(const at::Tensor& q, const 
 
 // Relative position biases, [1, heads, query_length, key_length]; query i sits at i + query_offset,
 // r = key - query. T5: weight [num_buckets, heads] (T5's relative_attention_bias.weight), bias =
-// weight[bucket(r), h] with transformers' bucketing (num_buckets = weight.size(0)).
+// weight[bucket(r), h] with transformers' bucketing. The arguments are the op schema's, in its
+// order; num_buckets defaults to weight.size(0) and must match it when given.
 inline at::Tensor relative_position_bias(const at::Tensor& weight, int64_t query_length, int64_t key_length,
-                                         bool bidirectional = true, int64_t max_distance = 128,
-                                         int64_t query_offset = 0) {
+                                         bool bidirectional = true, std::optional<int64_t> num_buckets = std::nullopt,
+                                         int64_t max_distance = 128, int64_t query_offset = 0) {
   static const auto op = detail::find_op("posenc::relative_position_bias")
                              .typed<at::Tensor(const at::Tensor&, c10::SymInt, c10::SymInt, bool, int64_t, int64_t,
                                                c10::SymInt)>();
   TORCH_CHECK(weight.dim() == 2, "posenc::relative_position_bias: weight must be [num_buckets, heads], got shape ",
               weight.sizes());
-  return op.call(weight, c10::SymInt(query_length), c10::SymInt(key_length), bidirectional, weight.size(0),
-                 max_distance, c10::SymInt(query_offset));
+  return op.call(weight, c10::SymInt(query_length), c10::SymInt(key_length), bidirectional,
+                 num_buckets.value_or(weight.size(0)), max_distance, c10::SymInt(query_offset));
 }
 
 // T5's bucket (int64) of each int32/int64 relative position.

@@ -379,6 +379,21 @@ def section_decode(s: Settings) -> list[Row]:
             rows.append(Row(name + label, ms / calls, base_name, floor / calls, goal))
             if label == " RotaryEmbedding(cfg)":
                 rows.append(Row(name + label, ms / calls, "q * c, k * c", floor_alloc / calls))
+    # A sinusoidal model's decode step: x [B, 1, d_model] plus the encoding at the cache length,
+    # against the allocating floor and the seed module's precomputed table slice.
+    d_model, at = 1024, 1000
+    pe = pn.sinusoidal_table(4096, d_model).unsqueeze(0)
+    for B in (1, 64):
+        x = torch.randn(B, 1, d_model, generator=g)
+        c = torch.tensor(0.999)
+        check(f"decode add_sinusoidal B={B} vs x + pe", pn.add_sinusoidal(x, offset=at), x + pe[:, at:at + 1], 1e-6)
+        calls = 50 if B == 1 else 5
+        ours, eager, floor = bench_together([_repeated(lambda: pn.add_sinusoidal(x, offset=at), calls),
+                                             _repeated(lambda: x + pe[:, at:at + 1], calls),
+                                             _repeated(lambda: x * c, calls)], s)
+        name = f"decode add_sinusoidal(x, offset={at}) x=[{B},1,{d_model}] float32"
+        rows.append(Row(name, ours / calls, "x * c", floor / calls))
+        rows.append(Row(name, ours / calls, f"eager x + pe[:, {at}:{at + 1}]", eager / calls))
     return rows
 
 

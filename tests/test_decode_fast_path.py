@@ -792,3 +792,127 @@ def test_large_calls_from_threads_match_reference():
     for (got_q, got_k), (want_q, want_k) in zip(results, wants):
         torch.testing.assert_close(got_q.double(), want_q, atol=2e-6, rtol=0)
         torch.testing.assert_close(got_k.double(), want_k, atol=2e-6, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------------
+# add_sinusoidal: a sinusoidal model's decode step takes the fast path too.
+
+def _sinusoidal_calls():
+    """add_sinusoidal calls the fast path takes: (name, x, positions, keyword arguments)."""
+    g = torch.Generator().manual_seed(21)
+    x3 = torch.randn(3, 1, 48, generator=g, dtype=torch.float64)
+    x2 = torch.randn(5, 33, generator=g, dtype=torch.float64)  # [seq, dim], odd dim
+    return [
+        ("decode step at an offset", x3, None, dict(offset=1000)),
+        ("per-row int32 positions", x3, torch.randint(0, 9000, (3, 1), generator=g, dtype=torch.int32), {}),
+        ("int64 positions and an offset", x2, torch.randint(0, 500, (5,), generator=g), dict(offset=-7, x_scale=2.5)),
+        ("float positions", x2, torch.rand(5, generator=g, dtype=torch.float64) * 50,
+         dict(interleaved=False, freq_shift=1.0, angle_scale=3.0, cos_first=True, base=100)),
+        ("a strided x", torch.randn(2, 4, 70, generator=g, dtype=torch.float64)[:, :, 3:67], None, dict(offset=5)),
+    ]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("case", range(len(_sinusoidal_calls())))
+def test_add_sinusoidal_fast_path_matches_reference_and_general_path(case, dtype, monkeypatch):
+    name, x64, pos, kw = _sinusoidal_calls()[case]
+    x = x64.to(dtype)
+    want = reference.add_sinusoidal(x.double(), pos, **kw)
+    calls = _watch_fast_path()
+    got = pn.add_sinusoidal(x, pos, **kw)
+    assert calls() == {"add_sinusoidal": 1}, name  # the path under test
+    assert got.dtype == dtype and got.shape == x.shape
+    tol = {torch.float64: 1e-12, torch.float32: 2e-6}.get(dtype, 1e-2 * (1 + float(x64.abs().max())))
+    torch.testing.assert_close(got.double(), want, atol=tol, rtol=0)
+    monkeypatch.setattr(ops, "_FAST", None)
+    assert torch.equal(pn.add_sinusoidal(x, pos, **kw), got), name  # the general path's bits
+
+
+def test_add_sinusoidal_fast_path_steps_aside_for_grad_modes_and_negative_views():
+    g = torch.Generator().manual_seed(22)
+    x = torch.randn(2, 1, 16, generator=g, dtype=torch.float64)
+    want = reference.add_sinusoidal(x, offset=40, x_scale=3.0)
+    calls = _watch_fast_path()
+    # x that wants a gradient: recorded by autograd, d/dx = x_scale
+    leaf = x.clone().requires_grad_()
+    out = pn.add_sinusoidal(leaf, offset=40, x_scale=3.0)
+    out.sum().backward()
+    torch.testing.assert_close(leaf.grad, torch.full_like(x, 3.0))
+    torch.testing.assert_close(out.detach(), want, atol=1e-12, rtol=0)
+    # float positions that want a gradient: refused, as on the general path
+    with pytest.raises(RuntimeError, match="positions"):
+        pn.add_sinusoidal(x, torch.tensor([40.0], dtype=torch.float64, requires_grad=True), x_scale=3.0)
+    # a mode and the profiler see the op
+    with _Seen() as mode:
+        pn.add_sinusoidal(x, offset=40, x_scale=3.0)
+    assert "posenc.add_sinusoidal.default" in mode.ops
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        pn.add_sinusoidal(x, offset=40, x_scale=3.0)
+    assert any(e.name == "posenc::add_sinusoidal" for e in prof.events())
+    # a negative view's storage holds the negated values: the dispatcher resolves it
+    got = pn.add_sinusoidal(_negative_view(x), offset=40, x_scale=3.0)
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+    pos = torch.tensor([40.0, 41.5], dtype=torch.float64)
+    got = pn.add_sinusoidal(x.view(2, 16), _negative_view(pos), x_scale=3.0)
+    torch.testing.assert_close(got, reference.add_sinusoidal(x.view(2, 16), pos, x_scale=3.0), atol=1e-12, rtol=0)
+    # other devices
+    meta = pn.add_sinusoidal(x.to("meta"), offset=40)
+    assert meta.device.type == "meta" and meta.shape == x.shape
+    assert calls() == {}
+    with torch.inference_mode():  # nothing to record: the fast path
+        got = pn.add_sinusoidal(x, offset=40, x_scale=3.0)
+    assert calls() == {"add_sinusoidal": 1}
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+
+
+def _bad_sinusoidal_calls():
+    x = torch.randn(2, 3, 16, generator=GEN)
+    return [
+        ("positions of another length", lambda: pn.add_sinusoidal(x, torch.arange(4))),
+        ("positions of another batch", lambda: pn.add_sinusoidal(x, torch.zeros(3, 3, dtype=torch.long))),
+        ("positions a list", lambda: pn.add_sinusoidal(x, [0, 1, 2])),
+        ("positions + offset past the domain", lambda: pn.add_sinusoidal(x, torch.tensor([0, 1, 2 ** 48]), offset=1)),
+        ("offset past the domain", lambda: pn.add_sinusoidal(x, offset=2 ** 50)),
+        ("offset past int64", lambda: pn.add_sinusoidal(x, offset=2 ** 63)),
+        ("offset a float", lambda: pn.add_sinusoidal(x, offset=1.5)),
+        ("offset a bool", lambda: pn.add_sinusoidal(x, offset=True)),
+        ("x_scale a string", lambda: pn.add_sinusoidal(x, x_scale="2")),
+        ("x_scale not finite", lambda: pn.add_sinusoidal(x, x_scale=float("nan"))),
+        ("base 1", lambda: pn.add_sinusoidal(x, base=1.0)),
+        ("interleaved an int", lambda: pn.add_sinusoidal(x, interleaved=2)),
+        ("x 1-D", lambda: pn.add_sinusoidal(x[0, 0])),
+        ("x of ints", lambda: pn.add_sinusoidal(x.long())),
+        ("positions elsewhere", lambda: pn.add_sinusoidal(x, torch.arange(3, device="meta"))),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_bad_sinusoidal_calls())))
+def test_add_sinusoidal_fast_and_general_path_refuse_the_same_calls(case, monkeypatch):
+    name, call = _bad_sinusoidal_calls()[case]
+    errors = []
+    for fast in (ops._FAST, None):
+        monkeypatch.setattr(ops, "_FAST", fast)
+        with pytest.raises((TypeError, ValueError, RuntimeError)) as e:
+            call()
+        errors.append((type(e.value), str(e.value)))
+    assert errors[0] == errors[1], name
+
+
+def test_add_sinusoidal_fast_path_keeps_reference_counts():
+    import sys
+
+    x = torch.randn(2, 1, 32, generator=GEN)
+    pos = torch.tensor([[5], [9]])
+    module = pn.SinusoidalPositionalEncoding(32)
+    before = [sys.getrefcount(o) for o in (x, pos)]
+    calls = _watch_fast_path()
+    for _ in range(50):
+        out = pn.add_sinusoidal(x, pos, x_scale=2.0)
+        assert sys.getrefcount(out) == 2  # out's and the argument's
+        module(x, 3)
+        pn.add_sinusoidal(x, offset=7)
+        with pytest.raises(RuntimeError):  # declined by the op, refused by the general path
+            pn.add_sinusoidal(x, pos[:, :0])
+    assert calls() == {"add_sinusoidal": 150}
+    del out
+    assert [sys.getrefcount(o) for o in (x, pos)] == before

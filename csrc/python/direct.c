@@ -1,7 +1,7 @@
 /* posenc_native._direct: the decode fast path of posenc_native's ops (docs/architecture.md, "The
  * decode fast path"). At decode a call rotates a few kilobytes, so the Python around the op and the
  * dispatcher's argument boxing cost more than the kernel. When nothing is to be recorded or
- * intercepted, rope() and rope_cos_sin() below run the op's CPU kernel straight away:
+ * intercepted, rope(), rope_cos_sin() and add_sinusoidal() below run the op's CPU kernel straight away:
  *   - through the op library's direct entry (csrc/direct_entry.h: the tensors handed over as Python
  *     objects, no boxing) where the running torch has the interop shims (torch >= 2.14),
  *   - else through the op's redispatch to the CPU key (what the Autograd and ADInplaceOrView
@@ -19,8 +19,8 @@
 
 #include "direct_entry.h"
 
-enum { ROPE, ROPE_, ROPE_COS_SIN, N_OPS };
-static const char* const op_names[N_OPS] = {"rope", "rope_", "rope_cos_sin"};
+enum { ROPE, ROPE_, ROPE_COS_SIN, ADD_SINUSOIDAL, N_OPS };
+static const char* const op_names[N_OPS] = {"rope", "rope_", "rope_cos_sin", "add_sinusoidal"};
 
 /* What bind() hands over. */
 #define MAX_INTERCEPTING 8
@@ -459,6 +459,28 @@ static PyObject* rope_cos_sin(PyObject* module, PyObject* const* a, Py_ssize_t n
   return result;
 }
 
+/* add_sinusoidal(x, positions, x_scale, base, interleaved, freq_shift, angle_scale, cos_first, offset): the
+ * op's arguments as ops.add_sinusoidal was given them, before its checks (an argument of another type
+ * is declined, and the general path explains it). Returns x * x_scale + PE, or None for a call it does
+ * not take. */
+static PyObject* add_sinusoidal(PyObject* module, PyObject* const* a, Py_ssize_t nargs) {
+  if (nargs != 9) {
+    PyErr_SetString(PyExc_TypeError, "posenc_native._direct.add_sinusoidal takes the op's 9 arguments");
+    return NULL;
+  }
+  PyObject *x = a[0], *positions = a[1];
+  if (fp.tensor_type == NULL || (PyObject*)Py_TYPE(x) != fp.tensor_type ||
+      (positions != Py_None && (PyObject*)Py_TYPE(positions) != fp.tensor_type) || !PyLong_CheckExact(a[8]))
+    Py_RETURN_NONE;
+  /* x, and positions (float ones that want a gradient are the general path's to refuse) */
+  int ok = nothing_intercepts(0, x, positions == Py_None ? x : positions);
+  if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_None);
+  int ran;
+  PyObject* result = run(ADD_SINUSOIDAL, a, 9, 0x3u /* x, float positions: negative views */, 0, &ran);
+  fp.taken[ADD_SINUSOIDAL] += ran;
+  return result;
+}
+
 static int take(PyObject* dict, const char* key, PyObject** slot) {
   PyObject* v = PyDict_GetItemString(dict, key); /* borrowed */
   if (v == NULL) {
@@ -527,6 +549,7 @@ static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, "bind(library_path, objects) -> bool (direct entry in use)"},
     {"rope", (PyCFunction)(void (*)(void))rope, METH_FASTCALL, "a rope call: the fast path, else ops._rope"},
     {"rope_cos_sin", (PyCFunction)(void (*)(void))rope_cos_sin, METH_FASTCALL, "apply_rotary_pos_emb's fast path"},
+    {"add_sinusoidal", (PyCFunction)(void (*)(void))add_sinusoidal, METH_FASTCALL, "add_sinusoidal's fast path"},
     {"taken", taken, METH_NOARGS, "kernel runs on the fast path, per op"},
     {"module_call", make_module_call, METH_O, "module_call(RotaryEmbedding) -> its __call__"},
     {NULL, NULL, 0, NULL}};

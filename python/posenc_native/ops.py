@@ -114,6 +114,10 @@ def add_sinusoidal(x: torch.Tensor, positions: Optional[torch.Tensor] = None, *,
 
     Differentiable with respect to x.
     """
+    if _FAST is not None and not _is_compiling():  # the decode fast path (below): plain CPU tensors, nothing to record
+        out = _FAST.add_sinusoidal(x, positions, x_scale, base, interleaved, freq_shift, angle_scale, cos_first, offset)
+        if out is not None:
+            return out
     if (type(x) is not _Tensor or (positions is not None and type(positions) is not _Tensor)) and (
             proxy := _fx.proxy_in(x, positions, offset, x_scale, base, interleaved, freq_shift, angle_scale,
                                   cos_first)) is not None:  # (the test on x first: add_sinusoidal may run per token)
@@ -299,7 +303,8 @@ def _cached_axis_mask(section: tuple, interleaved: bool, device: torch.device) -
 # calls and apply_rotary_pos_emb go to the _direct extension first (csrc/python/direct.c), which
 # runs the CPU kernel straight away when nothing is to be recorded or intercepted (plain CPU tensors,
 # no gradient wanted, no mode, functorch transform or profiler active), bumping q and k's version
-# counters after an in-place write as the ADInplaceOrView kernel does. It answers None for every call
+# counters after an in-place write as the ADInplaceOrView kernel does (add_sinusoidal's calls go there
+# first too, a sinusoidal model's decode step). It answers None for every call
 # it does not take, and for every call the op refuses: those take the general path, which raises its
 # own error. A rope call is `(_rope if _FAST is None else _FAST.rope)(<_rope's 14 arguments>)`
 # (apply_rope, apply_rope_, RotaryEmbedding.forward, the transformers integration's
@@ -321,7 +326,7 @@ try:
         "cpu_keys": torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), "general": lambda *args: _rope(*args),  # (defined below)
         "empty_k": _empty_k_reused,
         **{name: getattr(torch.ops.posenc, name).default._handle.redispatch_boxed
-           for name in ("rope", "rope_", "rope_cos_sin")},
+           for name in ("rope", "rope_", "rope_cos_sin", "add_sinusoidal")},
     }
 except AttributeError:  # a torch without one of these: no fast path, same results
     _FAST_PATH_OBJECTS = None

@@ -387,3 +387,50 @@ def test_vmapped_bias_parameters_fold_into_the_heads(bias):
         assert torch.equal(got[i], fn(params[i]))
         torch.testing.assert_close(got[i], ref(params[i]), atol=1e-12, rtol=0)
         torch.testing.assert_close(got_grads[i], torch.func.grad(loss(ref))(params[i]), atol=1e-12, rtol=0)
+
+
+_SINUSOIDAL_VMAPS = [(rank, positions, at) for rank in (2, 3)
+                     for positions in ("none", "shared", "per row", "one row", "vmapped", "vmapped per row")
+                     for at in (0, 1, None)
+                     if (at is not None or positions.startswith("vmapped"))  # something vmapped
+                     and (rank == 3 or positions in ("none", "shared", "vmapped"))]  # [seq, dim] x: [seq] positions
+
+
+@pytest.mark.parametrize("x_rank, positions, x_vmapped_at", _SINUSOIDAL_VMAPS)
+def test_vmapped_add_sinusoidal_folds_into_its_rows(x_rank, positions, x_vmapped_at):
+    """add_sinusoidal vmapped over x (an ensemble, per-sample gradients) and/or its positions (a
+    batch of timesteps): one call of the op, the vmapped dim folded into its rows, every slice the
+    float64 reference's values and its own call's bits."""
+    g = torch.Generator().manual_seed(45)
+    shape = (B, S, D + 1) if x_rank == 3 else (S, D + 1)  # (an odd dim: its last column is x alone)
+    x = torch.randn(V, *shape, generator=g, dtype=torch.float64)
+    pos = {"none": None, "shared": torch.randint(0, 5000, (S,), generator=g),
+           "per row": torch.randint(0, 5000, (B, S), generator=g), "one row": torch.randint(0, 5000, (1, S), generator=g),
+           "vmapped": torch.rand(V, S, generator=g, dtype=torch.float64) * 900,
+           "vmapped per row": torch.randint(0, 5000, (V, B, S), generator=g, dtype=torch.int32)}[positions]
+    pos_vmapped = positions.startswith("vmapped")
+    x_arg = x if x_vmapped_at is None else x.movedim(0, x_vmapped_at)
+    x_slice = (lambda i: x[0]) if x_vmapped_at is None else (lambda i: x[i])
+    in_dims = (x_vmapped_at, 0 if pos_vmapped else None)
+    fn = lambda t, p: pn.add_sinusoidal(t, p, offset=11, x_scale=1.5, interleaved=False)  # noqa: E731
+    with _OpCalls(torch.ops.posenc.add_sinusoidal.default) as calls:
+        got = torch.func.vmap(fn, in_dims=in_dims)(x_arg if x_vmapped_at is not None else x[0], pos)
+    assert calls.n == 1
+    for i in range(V):
+        p = pos[i] if pos_vmapped else pos
+        want = reference.add_sinusoidal(x_slice(i), p, offset=11, x_scale=1.5, interleaved=False)
+        torch.testing.assert_close(got[i], want, atol=1e-12, rtol=0)
+        assert torch.equal(got[i], fn(x_slice(i), p))
+
+
+def test_vmapped_sinusoidal_table_is_one_table():
+    g = torch.Generator().manual_seed(46)
+    timesteps = torch.rand(V, 5, generator=g, dtype=torch.float64) * 1000  # a batch of diffusion timesteps per slice
+    fn = lambda t: pn.sinusoidal_table(t, 33, freq_shift=1.0, cos_first=True, dtype=torch.float64)  # noqa: E731
+    with _OpCalls(torch.ops.posenc.sinusoidal_table.default) as calls:
+        got = torch.func.vmap(fn)(timesteps)
+    assert calls.n == 1
+    for i in range(V):
+        want = reference.sinusoidal_table(timesteps[i], 33, freq_shift=1.0, cos_first=True)
+        torch.testing.assert_close(got[i], want, atol=1e-12, rtol=0)
+        assert torch.equal(got[i], fn(timesteps[i]))

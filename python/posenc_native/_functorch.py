@@ -21,7 +21,8 @@ repeated per batch row) and calls the op once: each row is rotated exactly as in
 only one of q and k is vmapped (the other captured), the other is rotated once, in a call of its
 own, and returned unbatched instead of copied to every slice. Anything else (vmapped positions,
 frequencies or tables, the packed ``thd`` layout) is run slice by slice, as torch's fallback would.
-The biases (and their backwards) fold a vmapped weight or slopes into their heads (:func:`_bias_vmap`).
+The biases (and their backwards) fold a vmapped weight or slopes into their heads (:func:`_bias_vmap`),
+and the sinusoidal ops the vmapped dim into their rows (:func:`_add_sinusoidal_vmap`, :func:`_table_vmap`).
 """
 from __future__ import annotations
 
@@ -144,6 +145,33 @@ def _register_bias_vmaps() -> None:
 
 
 _register_bias_vmaps()
+
+
+# The sinusoidal ops encode each row from its own position alone: the vmapped dim folds into their rows.
+def _table_vmap(info, in_dims, positions, *rest):
+    """sinusoidal_table: vmapped positions [V, N] are one table of V * N rows."""
+    positions = _front(positions, in_dims[0], info.batch_size)
+    table = torch.ops.posenc.sinusoidal_table.default(positions.reshape(-1), *rest)
+    return table.view(*positions.shape, table.shape[-1]), 0
+
+
+def _add_sinusoidal_vmap(info, in_dims, x, positions, *rest):
+    """add_sinusoidal: x [V, (B,) S, D] folded into a batch of V * B rows, the positions with it
+    (shared ones as they are, per-row or vmapped ones expanded to [V * B, S])."""
+    size, (x_dim, pos_dim) = info.batch_size, in_dims[:2]
+    x_all = _front(x, x_dim, size)
+    rows = x_all.shape[1] if x_all.dim() == 4 else 1  # B per slice
+    folded_x = x_all.reshape(size * rows, *x_all.shape[-2:])
+    if positions is not None and (pos_dim is not None or (positions.dim() == 2 and positions.shape[0] > 1)):
+        pos_all = _front(positions, pos_dim, size)  # [V, S], [V, 1, S] or [V, B, S]
+        seq = pos_all.shape[-1]
+        positions = pos_all.reshape(size, -1, seq).expand(size, rows, seq).reshape(size * rows, seq)
+    out = torch.ops.posenc.add_sinusoidal.default(folded_x, positions, *rest)
+    return out.view(x_all.shape), 0
+
+
+torch.library.register_vmap("posenc::sinusoidal_table", _table_vmap)
+torch.library.register_vmap("posenc::add_sinusoidal", _add_sinusoidal_vmap)
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:

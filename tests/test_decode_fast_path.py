@@ -39,6 +39,19 @@ def _watch_fast_path():
     return runs
 
 
+def _refusals_on_both_paths(call, monkeypatch) -> list:
+    """The (type, message) of the error ``call()`` raises with the fast path on, then off (ops._FAST
+    None): a bad call must raise the same on both."""
+    errors = []
+    for fast in (ops._FAST, None):
+        monkeypatch.setattr(ops, "_FAST", fast)
+        with pytest.raises((TypeError, ValueError, RuntimeError)) as e:
+            call()
+        errors.append((type(e.value), str(e.value)))
+    monkeypatch.undo()
+    return errors
+
+
 def _warm(config: pn.RopeConfig) -> None:
     """A config's first call takes the general path and caches its CPU frequencies."""
     q, k, pos = _decode_inputs()
@@ -397,17 +410,11 @@ def test_fast_and_general_path_refuse_the_same_calls(case, in_place, monkeypatch
     _warm(config)
     name, call = _bad_decode_calls()[case]
     fn = pn.apply_rope_ if in_place else pn.apply_rope
-    errors = []
-    for fast in (ops._FAST, None):
-        monkeypatch.setattr(ops, "_FAST", fast)
-        with pytest.raises((TypeError, ValueError, RuntimeError)) as e:
-            call(fn, config)
-        errors.append((type(e.value), str(e.value)))
+    errors = _refusals_on_both_paths(lambda: call(fn, config), monkeypatch)
     assert errors[0] == errors[1], name
     if in_place:  # a refused call writes nothing: the checks run before the kernel on either path
         q = torch.randn(2, 1, 4, 64, generator=GEN)
         before = q.clone()
-        monkeypatch.undo()
         with pytest.raises((TypeError, ValueError, RuntimeError)):
             pn.apply_rope_(q, None, torch.tensor([[1], [2]]), config=config, mrope_section=(8, 12, 12))
         assert torch.equal(q, before)
@@ -479,14 +486,8 @@ def test_apply_rotary_pos_emb_fast_path_matches_transformers_and_refuses_alike(m
            lambda: pn.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=3),
            lambda: pn.apply_rotary_pos_emb(q.tolist(), k, cos, sin)]
     for call in bad:
-        errors = []
-        for fast in (ops._FAST, None):
-            monkeypatch.setattr(ops, "_FAST", fast)
-            with pytest.raises((TypeError, ValueError, RuntimeError)) as e:
-                call()
-            errors.append((type(e.value), str(e.value)))
+        errors = _refusals_on_both_paths(call, monkeypatch)
         assert errors[0] == errors[1]
-    monkeypatch.undo()
     assert calls() == {"rope_cos_sin": 1}  # none of them ran a kernel on the fast path
 
 
@@ -889,12 +890,7 @@ def _bad_sinusoidal_calls():
 @pytest.mark.parametrize("case", range(len(_bad_sinusoidal_calls())))
 def test_add_sinusoidal_fast_and_general_path_refuse_the_same_calls(case, monkeypatch):
     name, call = _bad_sinusoidal_calls()[case]
-    errors = []
-    for fast in (ops._FAST, None):
-        monkeypatch.setattr(ops, "_FAST", fast)
-        with pytest.raises((TypeError, ValueError, RuntimeError)) as e:
-            call()
-        errors.append((type(e.value), str(e.value)))
+    errors = _refusals_on_both_paths(call, monkeypatch)
     assert errors[0] == errors[1], name
 
 

@@ -113,12 +113,15 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
   const SinusoidalParams& prm = p.params;
   const int64_t half = prm.half, dim = prm.dim;
   SinCosStream<M> angles(freq, half, M(1));
-  std::vector<M> pe_rows(p.x ? kBlock * dim : 0);
-  std::vector<T> row(stream ? dim : 0);  // a row formed in L1 to be streamed out (run_typed)
+  // A block's encoding rows, and a row formed in L1 to be streamed out (run_typed), in this thread's
+  // buffers (sincos_stream.h): as vectors they were allocated and zeroed per call, 64 KiB for a
+  // 1024-dim decode step's one row (~1 us of ~5 us).
+  M* pe_rows = p.x ? thread_rows<M, kEncodingRows>(std::min<int64_t>(kBlock, end - begin) * dim) : nullptr;
+  T* row = stream ? thread_rows<T, kStreamedRow>(dim) : nullptr;
   const auto add_row = [&](int64_t b, int64_t s, const M* pe) {
     T* out = static_cast<T*>(p.out) + b * p.out_stride_b + s * p.out_stride_s;
     const T* x = static_cast<const T*>(p.x) + b * p.x_stride_b + s * p.x_stride_s;
-    T* sum = stream ? row.data() : out;
+    T* sum = stream ? row : out;
     if (x_ahead > 0) {
       add_encoding_prefetched(sum, x, static_cast<M>(p.x_scale), pe, dim, x_ahead);
     } else if (p.x_stride_d == 1) {
@@ -134,20 +137,20 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
       const int64_t u = block + j;
       const auto position_of = [&](int64_t) { return p.position(u / p.seq, u % p.seq); };
       if (p.x) {
-        angles.at(position_of, EncodingRow<M>{prm, pe_rows.data() + j * dim});
+        angles.at(position_of, EncodingRow<M>{prm, pe_rows + j * dim});
         continue;
       }
       T* out = static_cast<T*>(p.out) + u % p.seq * p.out_stride_s;  // the table: batch 1
-      angles.at(position_of, EncodingRow<T>{prm, stream ? row.data() : out});
-      if (stream) stream_copy(out, row.data(), dim * sizeof(T));
+      angles.at(position_of, EncodingRow<T>{prm, stream ? row : out});
+      if (stream) stream_copy(out, row, dim * sizeof(T));
     }
     if (!p.x) continue;
     if (p.pos_stride_b == 0) {
       for (int64_t b = 0; b < p.batch; ++b) {
-        for (int64_t j = 0; j < n; ++j) add_row(b, (block + j) % p.seq, pe_rows.data() + j * dim);
+        for (int64_t j = 0; j < n; ++j) add_row(b, (block + j) % p.seq, pe_rows + j * dim);
       }
     } else {
-      for (int64_t j = 0; j < n; ++j) add_row((block + j) / p.seq, (block + j) % p.seq, pe_rows.data() + j * dim);
+      for (int64_t j = 0; j < n; ++j) add_row((block + j) / p.seq, (block + j) % p.seq, pe_rows + j * dim);
     }
   }
   if (stream) end_streaming_stores();

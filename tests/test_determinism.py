@@ -319,6 +319,30 @@ def test_a_token_gets_the_same_bits_however_its_sequence_is_cut(dtype, interleav
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+def test_interleaved_decode_streams_get_their_own_bits(dtype):
+    """Decode steps of several streams in turn on one thread (layers of two rope_theta, an
+    attention factor on one, a sinusoidal encoder between them), as a model's decode loop makes
+    them: each step's rows are those of one call over its stream's whole sequence, bit for bit
+    (the thread keeps each frequency set's last anchor row across calls, keyed by frequencies,
+    attention factor and anchor)."""
+    g = torch.Generator().manual_seed(47)
+    S, D, start = 40, 64, 1000 - 5  # from mid-anchor, across anchors
+    f1 = 1.0 / 10000.0 ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
+    f2 = 1.0 / 1_000_000.0 ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
+    streams = [(f1, 1.0), (f1, 0.625), (f2, 1.0)]
+    qs = [torch.randn(1, S, 2, D, generator=g, dtype=torch.float64).to(dtype) for _ in streams]
+    x = torch.randn(1, S, 96, generator=g, dtype=torch.float64).to(dtype)
+    pos = torch.arange(start, start + S)
+    whole = [pn.apply_rope(q, None, pos, inv_freq=f, attention_factor=a)[0] for q, (f, a) in zip(qs, streams)]
+    whole_x = pn.add_sinusoidal(x, offset=start)
+    for t in range(S):
+        for q, (f, a), w in zip(qs, streams, whole):
+            step, _ = pn.apply_rope(q[:, t:t + 1], None, pos[t:t + 1], inv_freq=f, attention_factor=a)
+            assert torch.equal(step, w[:, t:t + 1]), (t, a)
+        assert torch.equal(pn.add_sinusoidal(x[:, t:t + 1], offset=start + t), whole_x[:, t:t + 1]), t
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
 def test_an_encoding_row_gets_the_same_bits_however_its_sequence_is_cut(dtype):
     """The sinusoidal ops alike: table rows and add_sinusoidal rows (with an offset, as a decoder
     adds them step by step) equal one call over the whole sequence, which matches the reference."""

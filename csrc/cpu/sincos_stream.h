@@ -52,7 +52,8 @@ enum RowSlot { kStreamMath, kStreamF64, kStreamAxes, kFactorRows, kEncodingRows,
 // python/posenc_native/_functorch.py), and any cut of its sequence (chunked prefill, a decode step,
 // a prefix cache's earlier call). Consecutive positions cost one direct row per kAnchorEvery rows
 // and a rotation (a few multiply-adds per pair) for the others, within a few ulp of M of the direct
-// values (docs/architecture.md).
+// values (docs/architecture.md); the thread keeps its last anchor row with the steps' table, so
+// consecutive decode steps (a call each) evaluate one row in kAnchorEvery too.
 //
 // Multi-axis positions (n_axes rows of frequencies, freq[a * n + i]; core/rope.h, axis_angles): a
 // row's position is one value per axis, and its angles the sum over axes. In the axis layout every
@@ -83,8 +84,9 @@ class SinCosStream {
   // same position on every axis (see above).
   SinCosStream(const double* freq, int64_t n, M amplitude, int64_t n_axes = 1, bool one_position = false)
       : freq_(freq), n_(n), n_axes_(one_position ? 1 : n_axes), row_(padded(n)), amplitude_(amplitude) {
-    sin_ = thread_rows<M, kStreamMath>(6 * row_), cos_ = sin_ + row_;
-    rotated_sin_ = cos_ + row_, rotated_cos_ = rotated_sin_ + row_;
+    own_sin_ = thread_rows<M, kStreamMath>(6 * row_), own_cos_ = own_sin_ + row_;
+    sin_ = own_sin_, cos_ = own_cos_;
+    rotated_sin_ = own_cos_ + row_, rotated_cos_ = rotated_sin_ + row_;
     axis_steps_ = rotated_cos_ + row_;
     row_sin_ = sin_, row_cos_ = cos_;
     const int64_t axes = padded(n_axes_);
@@ -133,7 +135,14 @@ class SinCosStream {
     }
     const double* row_at = anchored ? anchor_ : position_;  // sin_ and cos_ hold its row
     if (!same(row_at, held_)) {
-      evaluate(row_at);
+      if (anchored && n_axes_ == 1) {  // an anchor row, kept with the steps' table (anchor_rows)
+        bool held = false;
+        M* rows = anchor_rows(row_at[0], held);
+        if (!held) sincos_row<M>(row_at[0], freq_, n_, amplitude_, rows, rows + row_);
+        sin_ = rows, cos_ = rows + row_;
+      } else {
+        evaluate(row_at);
+      }
       std::copy(row_at, row_at + n_axes_, held_);
     }
     if (!anchored || !past) return out.from_math(sin_, cos_, n_);
@@ -168,18 +177,31 @@ class SinCosStream {
   template <typename V>
   bool same(const V* a, const V* b) const { return std::equal(a, a + n_axes_, b); }
 
-  // sin_ and cos_: the row at `position` (one per axis), times the amplitude.
+  // sin_ and cos_: the row at `position` (one per axis), times the amplitude, in this stream's own rows.
   void evaluate(const double* position) {
+    sin_ = own_sin_, cos_ = own_cos_;
     if (n_axes_ == 1) {
-      sincos_row<M>(position[0], freq_, n_, amplitude_, sin_, cos_);
+      sincos_row<M>(position[0], freq_, n_, amplitude_, own_sin_, own_cos_);
       return;
     }
     axis_angles(freq_, n_, n_axes_, 0, n_, [&](int64_t a) { return position[a]; }, angle_);
     for (int64_t i = 0; i < n_; ++i) {
-      sincos_of<M>(angle_[i], sin_[i], cos_[i]);
-      sin_[i] *= amplitude_;
-      cos_[i] *= amplitude_;
+      sincos_of<M>(angle_[i], own_sin_[i], own_cos_[i]);
+      own_sin_[i] *= amplitude_;
+      own_cos_[i] *= amplitude_;
     }
+  }
+
+  // Where the anchor row at `anchor` (one axis) lives: with the steps' table of these frequencies,
+  // so the thread's next call at the same anchor finds it (consecutive decode steps share an anchor
+  // 15 times in 16; the row's sin/cos were ~3% of a RoPE decode step, ~0.3 us of a 1024-dim
+  // add_sinusoidal one). `held`: the rows hold it already; else the caller evaluates it there
+  // (inline: this helper is not compiled for the CPU loop's instruction set, cpu/kernels.h).
+  [[gnu::noinline]] M* anchor_rows(double anchor, bool& held) {
+    Table& t = table();
+    held = t.anchor_at == anchor && t.anchor_amplitude == amplitude_;  // (kNone: none held)
+    t.anchor_at = anchor, t.anchor_amplitude = amplitude_;
+    return t.anchor.data();
   }
 
   // Several axes: whether each pair has one axis's frequency (zeros on the others); then pair_freq_
@@ -237,12 +259,18 @@ class SinCosStream {
   // Out of line: flattened into every CPU loop's clones, the stream's rarely run helpers tripled
   // their compile time (cpu/kernels.h).
   static constexpr int kTables = 4;
-  [[gnu::noinline]] const M* step_row(int64_t j) {
-    if (!steps_) {
-      struct Table {
-        std::vector<double> freq;  // the frequencies it was formed from (compared bit for bit)
-        RowVector<M> rows;
-      };
+  struct Table {
+    std::vector<double> freq;  // the frequencies it was formed from (compared bit for bit)
+    RowVector<M> rows;         // the steps
+    RowVector<M> anchor;       // the last anchor row evaluated with them (anchor_rows): sin, then cos
+    double anchor_at = kNone;  // its position
+    M anchor_amplitude = M(0);
+  };
+  [[gnu::noinline]] const M* step_row(int64_t j) { return table().rows.data() + 2 * j * row_; }
+
+  // This stream's frequencies' table, found among the thread's last kTables or formed.
+  Table& table() {
+    if (!table_) {
       static thread_local Table tables[kTables];
       static thread_local int oldest = 0;
       const double* freq = n_axes_ == 1 ? freq_ : pair_freq_;
@@ -256,7 +284,9 @@ class SinCosStream {
         table->freq.assign(freq, freq + n_);
         if (static_cast<int64_t>(table->rows.size()) < 2 * kAnchorEvery * row_) {
           table->rows = RowVector<M>(2 * kAnchorEvery * row_);
+          table->anchor = RowVector<M>(2 * row_);
         }
+        table->anchor_at = kNone;
         M* rows = table->rows.data();
         for (int64_t i = 0; i < n_; ++i) {
           const double one_s = std::sin(freq[i]), one_c = std::cos(freq[i]);
@@ -268,9 +298,9 @@ class SinCosStream {
           }
         }
       }
-      steps_ = table->rows.data();
+      table_ = table;
     }
-    return steps_ + 2 * j * row_;
+    return *table_;
   }
 
   static constexpr double kNone = std::numeric_limits<double>::quiet_NaN();  // (equal to no position)
@@ -279,7 +309,8 @@ class SinCosStream {
   int64_t n_, n_axes_, row_;
   M amplitude_;
   bool by_anchors_;                // anchors and steps (else every row direct)
-  M *sin_, *cos_;                  // the row at held_ (an anchor's or a direct one), times the amplitude
+  M *own_sin_, *own_cos_;          // this stream's rows (evaluate)
+  const M *sin_, *cos_;            // the row at held_ (an anchor's or a direct one), times the amplitude
   M *rotated_sin_, *rotated_cos_;  // a row past its anchor (the default output)
   M* axis_steps_;                  // several axes: each pair's step (axis_step_row)
   const M *row_sin_, *row_cos_;    // the row sin() and cos() hand out: one of the above
@@ -292,7 +323,7 @@ class SinCosStream {
   // (-1: none).
   double *position_, *anchor_, *held_, *rotated_at_;
   int64_t *step_, *axis_steps_at_;
-  const M* steps_ = nullptr;       // the steps' table (step_row)
+  Table* table_ = nullptr;         // the steps' table (table())
 };
 
 }  // namespace posenc::cpu

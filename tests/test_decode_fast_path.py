@@ -39,6 +39,23 @@ def _watch_fast_path():
     return runs
 
 
+@pytest.fixture(params=["as built", "redispatch"])
+def kernel_way(request):
+    """The fast path's way to the kernel: as this torch allows (the direct entry from 2.14), and the
+    op's redispatch, which older torches get (bound to no op library's entry for the test): the
+    redispatch coerces what the direct entry declines (an int for a bool), so the extension's own
+    type tests must keep the two ways alike."""
+    fast = ops._FAST  # (a test may switch ops._FAST off)
+    if request.param == "redispatch":
+        assert fast.bind("/nonexistent/libposenc_ops.so", ops._FAST_PATH_OBJECTS) is False
+        try:
+            yield request.param
+        finally:
+            fast.bind(pn.build_info()["library"], ops._FAST_PATH_OBJECTS)
+    else:
+        yield request.param
+
+
 def _refusals_on_both_paths(call, monkeypatch) -> list:
     """The (type, message) of the error ``call()`` raises with the fast path on, then off (ops._FAST
     None): a bad call must raise the same on both."""
@@ -403,7 +420,7 @@ def _bad_decode_calls():
 
 @pytest.mark.parametrize("in_place", [False, True])
 @pytest.mark.parametrize("case", range(len(_bad_decode_calls())))
-def test_fast_and_general_path_refuse_the_same_calls(case, in_place, monkeypatch):
+def test_fast_and_general_path_refuse_the_same_calls(case, in_place, monkeypatch, kernel_way):
     """Each bad call raises the same error with the fast path enabled (its eligibility met) as on
     the general path alone (ops._FAST off), and writes nothing."""
     config = _config()
@@ -460,7 +477,7 @@ def test_repeated_positions_reuse_nothing_stale(interleaved, dtype):
         torch.testing.assert_close(got_k.double(), want_k, atol=atol, rtol=rtol)
 
 
-def test_apply_rotary_pos_emb_fast_path_matches_transformers_and_refuses_alike(monkeypatch):
+def test_apply_rotary_pos_emb_fast_path_matches_transformers_and_refuses_alike(monkeypatch, kernel_way):
     """The transformers drop-in skips the dispatcher too when nothing intercepts the call: the same
     results as transformers' own function, and the same errors as the general path."""
     from transformers.models.llama import modeling_llama
@@ -815,7 +832,7 @@ def _sinusoidal_calls():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 @pytest.mark.parametrize("case", range(len(_sinusoidal_calls())))
-def test_add_sinusoidal_fast_path_matches_reference_and_general_path(case, dtype, monkeypatch):
+def test_add_sinusoidal_fast_path_matches_reference_and_general_path(case, dtype, monkeypatch, kernel_way):
     name, x64, pos, kw = _sinusoidal_calls()[case]
     x = x64.to(dtype)
     want = reference.add_sinusoidal(x.double(), pos, **kw)
@@ -888,7 +905,7 @@ def _bad_sinusoidal_calls():
 
 
 @pytest.mark.parametrize("case", range(len(_bad_sinusoidal_calls())))
-def test_add_sinusoidal_fast_and_general_path_refuse_the_same_calls(case, monkeypatch):
+def test_add_sinusoidal_fast_and_general_path_refuse_the_same_calls(case, monkeypatch, kernel_way):
     name, call = _bad_sinusoidal_calls()[case]
     errors = _refusals_on_both_paths(call, monkeypatch)
     assert errors[0] == errors[1], name

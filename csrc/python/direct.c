@@ -472,6 +472,13 @@ static PyObject* add_sinusoidal(PyObject* module, PyObject* const* a, Py_ssize_t
   if (fp.tensor_type == NULL || (PyObject*)Py_TYPE(x) != fp.tensor_type ||
       (positions != Py_None && (PyObject*)Py_TYPE(positions) != fp.tensor_type) || !PyLong_CheckExact(a[8]))
     Py_RETURN_NONE;
+  /* the floats and bools of their exact types, as the op takes them: what the general path would
+   * convert (or refuse) goes there, so both paths agree whatever the redispatch would coerce */
+  for (int i = 2; i <= 7; ++i) {
+    const int is_bool = i == 4 || i == 7; /* interleaved, cos_first */
+    if (is_bool ? a[i] != Py_True && a[i] != Py_False : !PyFloat_CheckExact(a[i]) && !PyLong_CheckExact(a[i]))
+      Py_RETURN_NONE;
+  }
   /* x, and positions (float ones that want a gradient are the general path's to refuse) */
   int ok = nothing_intercepts(0, x, positions == Py_None ? x : positions);
   if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_None);

@@ -92,8 +92,8 @@ class SinCosStream {
     const int64_t axes = padded(n_axes_);
     double* f64 = thread_rows<double, kStreamF64>(2 * row_ + 4 * axes);
     angle_ = f64, pair_freq_ = angle_ + row_;
-    position_ = pair_freq_ + row_, anchor_ = position_ + axes, held_ = anchor_ + axes, rotated_at_ = held_ + axes;
-    std::fill(held_, held_ + 2 * axes, kNone);  // no row held or rotated yet
+    position_ = pair_freq_ + row_, anchor_ = position_ + axes, own_at_ = anchor_ + axes, rotated_at_ = own_at_ + axes;
+    std::fill(own_at_, own_at_ + 2 * axes, kNone);  // no row evaluated or rotated yet
     int64_t* ints = thread_rows<int64_t, kStreamAxes>(3 * n_ + 2 * axes);
     step_ = ints, axis_steps_at_ = step_ + axes, runs_ = axis_steps_at_ + axes;
     std::fill(axis_steps_at_, axis_steps_at_ + axes, -1);
@@ -133,17 +133,21 @@ class SinCosStream {
       step_[a] = static_cast<int64_t>(j);
       past |= j != 0;
     }
-    const double* row_at = anchored ? anchor_ : position_;  // sin_ and cos_ hold its row
-    if (!same(row_at, held_)) {
-      if (anchored && n_axes_ == 1) {  // an anchor row, kept with the steps' table (anchor_rows)
-        bool held = false;
-        M* rows = anchor_rows(row_at[0], held);
-        if (!held) sincos_row<M>(row_at[0], freq_, n_, amplitude_, rows, rows + row_);
-        sin_ = rows, cos_ = rows + row_;
-      } else {
-        evaluate(row_at);
+    if (anchored && n_axes_ == 1) {  // an anchor row, kept with the steps' table (Table::anchor)
+      Table& t = table();
+      M* rows = t.anchor.data();
+      if (!(t.anchor_at == anchor_[0] && t.anchor_amplitude == amplitude_)) {
+        sincos_row<M>(anchor_[0], freq_, n_, amplitude_, rows, rows + row_);
+        t.anchor_at = anchor_[0], t.anchor_amplitude = amplitude_;
       }
-      std::copy(row_at, row_at + n_axes_, held_);
+      sin_ = rows, cos_ = rows + row_;
+    } else {
+      const double* row_at = anchored ? anchor_ : position_;
+      if (!same(row_at, own_at_)) {
+        evaluate(row_at);
+        std::copy(row_at, row_at + n_axes_, own_at_);
+      }
+      sin_ = own_sin_, cos_ = own_cos_;
     }
     if (!anchored || !past) return out.from_math(sin_, cos_, n_);
     const M* steps = n_axes_ == 1 ? step_row(step_[0]) : axis_step_row();
@@ -190,18 +194,6 @@ class SinCosStream {
       own_sin_[i] *= amplitude_;
       own_cos_[i] *= amplitude_;
     }
-  }
-
-  // Where the anchor row at `anchor` (one axis) lives: with the steps' table of these frequencies,
-  // so the thread's next call at the same anchor finds it (consecutive decode steps share an anchor
-  // 15 times in 16; the row's sin/cos were ~3% of a RoPE decode step, ~0.3 us of a 1024-dim
-  // add_sinusoidal one). `held`: the rows hold it already; else the caller evaluates it there
-  // (inline: this helper is not compiled for the CPU loop's instruction set, cpu/kernels.h).
-  [[gnu::noinline]] M* anchor_rows(double anchor, bool& held) {
-    Table& t = table();
-    held = t.anchor_at == anchor && t.anchor_amplitude == amplitude_;  // (kNone: none held)
-    t.anchor_at = anchor, t.anchor_amplitude = amplitude_;
-    return t.anchor.data();
   }
 
   // Several axes: whether each pair has one axis's frequency (zeros on the others); then pair_freq_
@@ -258,48 +250,52 @@ class SinCosStream {
   // pairs; models alternate rope_theta per layer, Gemma 3 two, so one table would thrash).
   // Out of line: flattened into every CPU loop's clones, the stream's rarely run helpers tripled
   // their compile time (cpu/kernels.h).
+  //
+  // The table also keeps the last anchor row evaluated with its frequencies (one axis), so the
+  // thread's next call at the same anchor finds it: consecutive decode steps share an anchor 15
+  // times in 16 (the row's sin/cos were ~3% of a RoPE decode step, ~0.3 us of a 1024-dim
+  // add_sinusoidal one).
   static constexpr int kTables = 4;
   struct Table {
     std::vector<double> freq;  // the frequencies it was formed from (compared bit for bit)
     RowVector<M> rows;         // the steps
-    RowVector<M> anchor;       // the last anchor row evaluated with them (anchor_rows): sin, then cos
-    double anchor_at = kNone;  // its position
+    RowVector<M> anchor;       // the anchor row: sin, then cos (times anchor_amplitude)
+    double anchor_at = kNone;  // its position (kNone: none)
     M anchor_amplitude = M(0);
   };
-  [[gnu::noinline]] const M* step_row(int64_t j) { return table().rows.data() + 2 * j * row_; }
+  const M* step_row(int64_t j) { return table().rows.data() + 2 * j * row_; }
+  Table& table() { return table_ ? *table_ : find_table(); }
 
   // This stream's frequencies' table, found among the thread's last kTables or formed.
-  Table& table() {
-    if (!table_) {
-      static thread_local Table tables[kTables];
-      static thread_local int oldest = 0;
-      const double* freq = n_axes_ == 1 ? freq_ : pair_freq_;
-      const auto formed_for = [&](const Table& t) {
-        return t.freq.size() == static_cast<size_t>(n_) && std::memcmp(freq, t.freq.data(), n_ * sizeof(double)) == 0;
-      };
-      Table* table = std::find_if(tables, tables + kTables, formed_for);
-      if (table == tables + kTables) {
-        table = &tables[oldest];
-        oldest = (oldest + 1) % kTables;
-        table->freq.assign(freq, freq + n_);
-        if (static_cast<int64_t>(table->rows.size()) < 2 * kAnchorEvery * row_) {
-          table->rows = RowVector<M>(2 * kAnchorEvery * row_);
-          table->anchor = RowVector<M>(2 * row_);
-        }
-        table->anchor_at = kNone;
-        M* rows = table->rows.data();
-        for (int64_t i = 0; i < n_; ++i) {
-          const double one_s = std::sin(freq[i]), one_c = std::cos(freq[i]);
-          double s = one_s, c = one_c;
-          for (int k = 1; k < kAnchorEvery; ++k) {
-            if (k > 1) advance_sincos(s, c, one_s, one_c);
-            rows[2 * k * row_ + i] = static_cast<M>(s);
-            rows[(2 * k + 1) * row_ + i] = static_cast<M>(c);
-          }
+  [[gnu::noinline]] Table& find_table() {
+    static thread_local Table tables[kTables];
+    static thread_local int oldest = 0;
+    const double* freq = n_axes_ == 1 ? freq_ : pair_freq_;
+    const auto formed_for = [&](const Table& t) {
+      return t.freq.size() == static_cast<size_t>(n_) && std::memcmp(freq, t.freq.data(), n_ * sizeof(double)) == 0;
+    };
+    Table* table = std::find_if(tables, tables + kTables, formed_for);
+    if (table == tables + kTables) {
+      table = &tables[oldest];
+      oldest = (oldest + 1) % kTables;
+      table->freq.assign(freq, freq + n_);
+      if (static_cast<int64_t>(table->rows.size()) < 2 * kAnchorEvery * row_) {
+        table->rows = RowVector<M>(2 * kAnchorEvery * row_);
+        table->anchor = RowVector<M>(2 * row_);
+      }
+      table->anchor_at = kNone;
+      M* rows = table->rows.data();
+      for (int64_t i = 0; i < n_; ++i) {
+        const double one_s = std::sin(freq[i]), one_c = std::cos(freq[i]);
+        double s = one_s, c = one_c;
+        for (int k = 1; k < kAnchorEvery; ++k) {
+          if (k > 1) advance_sincos(s, c, one_s, one_c);
+          rows[2 * k * row_ + i] = static_cast<M>(s);
+          rows[(2 * k + 1) * row_ + i] = static_cast<M>(c);
         }
       }
-      table_ = table;
     }
+    table_ = table;
     return *table_;
   }
 
@@ -309,8 +305,8 @@ class SinCosStream {
   int64_t n_, n_axes_, row_;
   M amplitude_;
   bool by_anchors_;                // anchors and steps (else every row direct)
-  M *own_sin_, *own_cos_;          // this stream's rows (evaluate)
-  const M *sin_, *cos_;            // the row at held_ (an anchor's or a direct one), times the amplitude
+  M *own_sin_, *own_cos_;          // this stream's rows (evaluate): direct rows, several axes' anchors
+  const M *sin_, *cos_;            // the row being rotated or used (own rows or the table's anchor row)
   M *rotated_sin_, *rotated_cos_;  // a row past its anchor (the default output)
   M* axis_steps_;                  // several axes: each pair's step (axis_step_row)
   const M *row_sin_, *row_cos_;    // the row sin() and cos() hand out: one of the above
@@ -319,9 +315,9 @@ class SinCosStream {
   int64_t* runs_;                  // several axes: runs of pairs on one axis (one_axis_per_pair)
   int64_t n_runs_ = 0;
   // One value per axis: the row's position, its anchor and the steps past it; the positions whose
-  // rows sin_/cos_ and rotated_sin_/rotated_cos_ hold (kNone: none), and the steps axis_steps_ holds
-  // (-1: none).
-  double *position_, *anchor_, *held_, *rotated_at_;
+  // rows own_sin_/own_cos_ and rotated_sin_/rotated_cos_ hold (kNone: none), and the steps
+  // axis_steps_ holds (-1: none). (The table records its own anchor row's position.)
+  double *position_, *anchor_, *own_at_, *rotated_at_;
   int64_t *step_, *axis_steps_at_;
   Table* table_ = nullptr;         // the steps' table (table())
 };

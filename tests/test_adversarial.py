@@ -689,10 +689,15 @@ BAD_FLOAT_POSITIONS = [1e18, -1e18, float("inf"), float("nan"), 2.0 ** 48 * 1.5]
 def test_sinusoidal_float_positions_outside_domain_raise(bad):
     x = torch.randn(2, 8)
     before = x.clone()
-    with pytest.raises(RuntimeError, match="positions must (be finite|lie in)"):
+    lo, hi = (min(0.0, bad), max(0.0, bad)) if bad == bad else (bad, bad)  # (a NaN leaves the range undefined)
+    with pytest.raises(RuntimeError, match=re.escape(f"positions must be finite and lie in [-2^48, 2^48] (the supported "
+                                                     f"position domain), got positions in [{lo:g}, {hi:g}]")):
         pn.sinusoidal_table(torch.tensor([0.0, bad]), 8)
-    with pytest.raises(RuntimeError, match="positions must (be finite|lie in)"):
+    with pytest.raises(RuntimeError, match=re.escape("positions + offset must be finite and lie in [-2^48, 2^48]")):
         pn.add_sinusoidal(x, torch.tensor([1.0, bad]))
+    lo, hi = (min(1.0, bad), max(1.0, bad)) if bad == bad else (bad, bad)
+    with pytest.raises(RuntimeError, match=re.escape(f"got positions in [{lo:g}, {hi:g}] and offset 3")):
+        pn.add_sinusoidal(x, torch.tensor([1.0, bad]), offset=3)
     assert torch.equal(x, before)
 
 

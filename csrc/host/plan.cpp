@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "host/overlap.h"
 
@@ -72,13 +75,29 @@ ValueRange value_range(const Tensor& t_in) {
   return r;
 }
 
-// The larger of |lo + offset| and |hi + offset|, after checking that both lie in the position domain
-// (the kernels' test on the GPU: core/common.h, PositionDomain).
-int64_t checked_position_bound(const char* op, int64_t lo, int64_t hi, int64_t offset, const char* what) {
-  const PositionDomain domain = position_domain(offset);
-  POSENC_CHECK(domain.contains(lo) && domain.contains(hi), op, ": ", what, " + offset must lie in [-2^48, 2^48]",
-               " (the supported position domain), got positions in [", lo, ", ", hi, "] and offset ", offset);
-  return std::max(std::abs(lo + offset), std::abs(hi + offset));  // no wrap: both sums lie in the domain
+// Positions in [lo, hi] plus the op's offset (none: an op without one) must lie in the position
+// domain, the kernels' test on the GPU (core/common.h); one message for integer and floating-point
+// positions. Returns the larger of |lo + offset| and |hi + offset|.
+template <typename V>
+[[noreturn]] void fail_position_domain(const char* op, const char* what, V lo, V hi, std::optional<int64_t> offset) {
+  const std::string plus = offset ? " + offset" : "", and_offset = offset ? " and offset " + std::to_string(*offset) : "";
+  const char* must = std::is_floating_point_v<V> ? " must be finite and lie in" : " must lie in";
+  fail(op, ": ", what, plus, must, " [-2^48, 2^48] (the supported position domain), got positions in [", lo, ", ", hi,
+       "]", and_offset);
+}
+
+double checked_position_bound(const char* op, int64_t lo, int64_t hi, std::optional<int64_t> offset, const char* what) {
+  const int64_t off = offset.value_or(0);
+  const PositionDomain domain = position_domain(off);
+  if (!domain.contains(lo) || !domain.contains(hi)) fail_position_domain(op, what, lo, hi, offset);
+  return static_cast<double>(std::max(std::abs(lo + off), std::abs(hi + off)));  // no wrap: both sums lie in the domain
+}
+
+double checked_position_bound(const char* op, double lo, double hi, std::optional<int64_t> offset, const char* what) {
+  const double off = static_cast<double>(offset.value_or(0));  // (exact for offsets within the domain)
+  const double bound = std::max(std::abs(lo + off), std::abs(hi + off));
+  if (!(bound <= static_cast<double>(kMaxPosition))) fail_position_domain(op, what, lo, hi, offset);  // (NaN, inf too)
+  return bound;
 }
 
 IndexKind index_kind(const Tensor& t) {
@@ -150,26 +169,17 @@ SinusoidalParams sinusoidal_params(const char* op, int64_t dim, double base, boo
 // Values of the sinusoidal positions plus offset: finite, |p| <= 2^48 and |p * w| <= 2^50 for every
 // frequency w (on the host for CPU positions; the kernel checks positions on the GPU:
 // core/sinusoidal.h). positions none: 0 .. seq-1.
-void check_sinusoidal_domain(const char* op, const OptTensor& positions, int64_t seq, int64_t offset,
+void check_sinusoidal_domain(const char* op, const OptTensor& positions, int64_t seq, std::optional<int64_t> offset,
                              const SinusoidalParams& prm) {
   double bound = 0;
   if (!positions.has_value()) {
     if (seq == 0) return;
-    bound = static_cast<double>(checked_position_bound(op, 0, seq - 1, offset, "positions (0 .. seq-1)"));
+    bound = checked_position_bound(op, int64_t{0}, seq - 1, offset, "positions (0 .. seq-1)");
   } else {
     if (positions->numel() == 0 || !host_readable(*positions)) return;
     const ValueRange r = value_range(*positions);
-    if (r.integral) {
-      bound = static_cast<double>(checked_position_bound(op, r.imin, r.imax, offset, "positions"));
-    } else {
-      POSENC_CHECK(std::isfinite(r.fmin) && std::isfinite(r.fmax), op,
-                   ": positions must be finite, got values in [", r.fmin, ", ", r.fmax, "]");
-      const double off = static_cast<double>(offset);  // (exact: |offset| <= 2^48)
-      bound = std::max(std::abs(r.fmin + off), std::abs(r.fmax + off));
-      POSENC_CHECK(bound <= static_cast<double>(kMaxPosition), op, ": positions", offset ? " + offset" : "",
-                   " must lie in [-2^48, 2^48] (the supported position domain), got values in [", r.fmin, ", ",
-                   r.fmax, "]", offset ? " and offset " + std::to_string(offset) : std::string());
-    }
+    bound = r.integral ? checked_position_bound(op, r.imin, r.imax, offset, "positions")
+                       : checked_position_bound(op, r.fmin, r.fmax, offset, "positions");
   }
   POSENC_CHECK(bound <= prm.angle_position_limit, op, ": position * frequency must stay within 2^50 rad (the",
                " supported angle domain); the largest |position| is ", bound, " and the largest frequency ",
@@ -185,7 +195,7 @@ Tensor sinusoidal_table_op(const SinusoidalTableArgs& a, const Backend& backend)
   SinusoidalProblem p;
   p.params = sinusoidal_params(op, a.dim, a.base, a.interleaved, a.freq_shift, a.angle_scale, a.cos_first);
   const Tensor positions = sinusoidal_positions(op, a.positions);
-  check_sinusoidal_domain(op, positions, positions.size(0), 0, p.params);
+  check_sinusoidal_domain(op, positions, positions.size(0), std::nullopt, p.params);
   Tensor out = empty({positions.size(0), a.dim}, a.dtype, positions);
   if (out.numel() == 0) return out;
   p.batch = 1;

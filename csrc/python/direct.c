@@ -150,6 +150,35 @@ static int to_arg(PyObject* o, PosencArg* a) {
   return 1;
 }
 
+/* 1 if each argument is of the exact kind its letter in `kinds` names, else 0: what a fast path
+ * takes as it is. Exact types only, so the fast path and the general one agree on every call (a
+ * subclass may intercept, and what the general path converts or refuses goes there):
+ *   T  a plain tensor          t  a plain tensor or None    0  None
+ *   f  a float or an int       F  a float or None           i  an int
+ *   b  True or False           B  True, False or None       s  a str    .  anything (checked apart) */
+static int of_kinds(PyObject* const* a, const char* kinds) {
+  for (; *kinds; ++a, ++kinds) {
+    PyObject* o = *a;
+    const int none = o == Py_None, tensor = fp.tensor_type != NULL && (PyObject*)Py_TYPE(o) == fp.tensor_type;
+    const int boolean = o == Py_True || o == Py_False;
+    int ok;
+    switch (*kinds) {
+      case 'T': ok = tensor; break;
+      case 't': ok = tensor || none; break;
+      case '0': ok = none; break;
+      case 'f': ok = PyFloat_CheckExact(o) || PyLong_CheckExact(o); break;
+      case 'F': ok = PyFloat_CheckExact(o) || none; break;
+      case 'i': ok = PyLong_CheckExact(o); break;
+      case 'b': ok = boolean; break;
+      case 'B': ok = boolean || none; break;
+      case 's': ok = PyUnicode_CheckExact(o); break;
+      default: ok = 1; break;
+    }
+    if (!ok) return 0;
+  }
+  return 1;
+}
+
 /* 1 if tensor t's last dimension is n, 0 if not (or t is 0-d), -1 on error. */
 static int last_dim_is(PyObject* t, int64_t n) {
   PyObject* shape = PyObject_GetAttr(t, s_shape);
@@ -226,23 +255,17 @@ static PyObject* rope_fast(PyObject* const* a) {
   int in_place = PyObject_IsTrue(a[0]);
   int mrope_interleaved = PyObject_IsTrue(a[13]);
   if (in_place < 0 || mrope_interleaved < 0) return NULL;
-  if (fp.tensor_type == NULL || (PyObject*)Py_TYPE(q) != fp.tensor_type ||
-      (k != Py_None && (PyObject*)Py_TYPE(k) != fp.tensor_type) ||
-      !PyLong_CheckExact(offset) || a[10] != Py_None || a[11] != Py_None || a[12] != Py_None || mrope_interleaved ||
-      (positions != Py_None && (PyObject*)Py_TYPE(positions) != fp.tensor_type) || !PyUnicode_CheckExact(layout))
-    Py_RETURN_NONE;
+  /* in_place q k positions config inv_freq factor interleaved layout offset cu_seqlens rotary_dim mrope_section */
+  if (mrope_interleaved || !of_kinds(a, ".Ttt....si000")) Py_RETURN_NONE;
 
   PyObject* plain = NULL; /* the config's (inv_freq, attention_factor, interleaved, head_dim), owned */
   PyObject *freq, *attention, *pairing;
   long long head_dim = 0; /* > 0: q's last dimension must be this (config=) */
   if (config == Py_None) {
-    if ((PyObject*)Py_TYPE(inv_freq) != fp.tensor_type || (factor != Py_None && !PyFloat_CheckExact(factor)) ||
-        (interleaved != Py_None && interleaved != Py_True && interleaved != Py_False))
-      Py_RETURN_NONE;
+    if (!of_kinds(a + 5, "TFB")) Py_RETURN_NONE; /* inv_freq, attention_factor, interleaved */
     freq = inv_freq, attention = factor, pairing = interleaved == Py_True ? Py_True : Py_False;
   } else {
-    if ((PyObject*)Py_TYPE(config) != fp.config_type || inv_freq != Py_None || factor != Py_None || interleaved != Py_None)
-      Py_RETURN_NONE;
+    if ((PyObject*)Py_TYPE(config) != fp.config_type || !of_kinds(a + 5, "000")) Py_RETURN_NONE;
     PyObject* frequencies = PyObject_GetAttr(config, s_frequencies);
     if (frequencies == NULL) return NULL;
     plain = PyObject_GetAttr(frequencies, s_cpu_plain);
@@ -448,8 +471,7 @@ static PyObject* rope_cos_sin(PyObject* module, PyObject* const* a, Py_ssize_t n
     PyErr_SetString(PyExc_TypeError, "posenc_native._direct.rope_cos_sin takes 6 arguments");
     return NULL;
   }
-  if (fp.tensor_type == NULL || (PyObject*)Py_TYPE(a[0]) != fp.tensor_type || (PyObject*)Py_TYPE(a[1]) != fp.tensor_type)
-    Py_RETURN_NONE;
+  if (!of_kinds(a, "TT")) Py_RETURN_NONE;
   int ok = nothing_intercepts(0, a[0], a[1]);
   if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_None);
   PyObject* args[7] = {a[0], a[1], a[2], a[3], a[4], a[5], Py_False}; /* ..., layout, inverse */
@@ -469,16 +491,7 @@ static PyObject* add_sinusoidal(PyObject* module, PyObject* const* a, Py_ssize_t
     return NULL;
   }
   PyObject *x = a[0], *positions = a[1];
-  if (fp.tensor_type == NULL || (PyObject*)Py_TYPE(x) != fp.tensor_type ||
-      (positions != Py_None && (PyObject*)Py_TYPE(positions) != fp.tensor_type) || !PyLong_CheckExact(a[8]))
-    Py_RETURN_NONE;
-  /* the floats and bools of their exact types, as the op takes them: what the general path would
-   * convert (or refuse) goes there, so both paths agree whatever the redispatch would coerce */
-  for (int i = 2; i <= 7; ++i) {
-    const int is_bool = i == 4 || i == 7; /* interleaved, cos_first */
-    if (is_bool ? a[i] != Py_True && a[i] != Py_False : !PyFloat_CheckExact(a[i]) && !PyLong_CheckExact(a[i]))
-      Py_RETURN_NONE;
-  }
+  if (!of_kinds(a, "Ttffbffbi")) Py_RETURN_NONE;
   /* x, and positions (float ones that want a gradient are the general path's to refuse) */
   int ok = nothing_intercepts(0, x, positions == Py_None ? x : positions);
   if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_None);

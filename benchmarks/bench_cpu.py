@@ -383,17 +383,23 @@ def section_decode(s: Settings) -> list[Row]:
     # against the allocating floor and the seed module's precomputed table slice.
     d_model, at = 1024, 1000
     pe = pn.sinusoidal_table(4096, d_model).unsqueeze(0)
+    module = pn.SinusoidalPositionalEncoding(d_model)
     for B in (1, 64):
         x = torch.randn(B, 1, d_model, generator=g)
         c = torch.tensor(0.999)
         check(f"decode add_sinusoidal B={B} vs x + pe", pn.add_sinusoidal(x, offset=at), x + pe[:, at:at + 1], 1e-6)
+        check(f"decode SinusoidalPositionalEncoding B={B} vs x + pe", module(x, at), x + pe[:, at:at + 1], 1e-6)
         calls = 50 if B == 1 else 5
-        ours, eager, floor = bench_together([_repeated(lambda: pn.add_sinusoidal(x, offset=at), calls),
-                                             _repeated(lambda: x + pe[:, at:at + 1], calls),
-                                             _repeated(lambda: x * c, calls)], s)
+        ours, by_module, eager, floor = bench_together([_repeated(lambda: pn.add_sinusoidal(x, offset=at), calls),
+                                                        _repeated(lambda: module(x, at), calls),
+                                                        _repeated(lambda: x + pe[:, at:at + 1], calls),
+                                                        _repeated(lambda: x * c, calls)], s)
         name = f"decode add_sinusoidal(x, offset={at}) x=[{B},1,{d_model}] float32"
         rows.append(Row(name, ours / calls, "x * c", floor / calls))
         rows.append(Row(name, ours / calls, f"eager x + pe[:, {at}:{at + 1}]", eager / calls))
+        name = f"decode SinusoidalPositionalEncoding({d_model})(x, {at}) x=[{B},1,{d_model}] float32"
+        rows.append(Row(name, by_module / calls, "x * c", floor / calls))
+        rows.append(Row(name, by_module / calls, f"eager x + pe[:, {at}:{at + 1}]", eager / calls))
     return rows
 
 

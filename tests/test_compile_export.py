@@ -267,6 +267,38 @@ def test_rotary_module_compiles_and_exports_without_breaks():
         assert_matches(ep.module()(x2, positions), model(x2, positions), "cpu")
 
 
+class EncodedLinear(nn.Module):
+    """A linear layer on sinusoidally encoded inputs: SinusoidalPositionalEncoding's __call__ is the
+    fast path's C method too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pe = posenc_native.SinusoidalPositionalEncoding(D_MODEL, max_len=16)
+        self.proj = nn.Linear(D_MODEL, D_MODEL)
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        return self.proj(self.pe(x, offset))
+
+
+def test_sinusoidal_module_compiles_and_exports_without_breaks():
+    torch.manual_seed(0)
+    model = EncodedLinear().eval()
+    x = torch.randn(2, 7, D_MODEL)
+    with torch.no_grad():
+        expected = model(x, 20)  # (past max_len: computed on the fly)
+        want = model.proj(reference.add_sinusoidal(x.double(), offset=20).float())
+        assert_matches(expected, want, "cpu")
+        counter = CompileCounterWithBackend("inductor")
+        assert_matches(torch.compile(model, backend=counter, fullgraph=True)(x, 20), expected, "cpu")
+        assert counter.frame_count == 1
+        explanation = torch._dynamo.explain(model)(x, 20)
+        assert explanation.graph_break_count == 0 and "posenc.add_sinusoidal" in explanation.graphs[0].code
+        ep = torch.export.export(model, (x, 20))
+        assert _posenc_targets(ep) == {"posenc.add_sinusoidal.default"}
+        x2 = torch.randn(2, 7, D_MODEL)
+        assert_matches(ep.module()(x2, 20), model(x2, 20), "cpu")
+
+
 LENGTH_SCALINGS = {
     "dynamic": {"rope_type": "dynamic", "factor": 4.0},
     "longrope": {"rope_type": "longrope", "factor": 8.0, "original_max_position_embeddings": 32,

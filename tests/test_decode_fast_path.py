@@ -69,6 +69,50 @@ def _refusals_on_both_paths(call, monkeypatch) -> list:
     return errors
 
 
+def _python_calls(call) -> set:
+    """The names of the Python functions call() runs (sys.setprofile): whether module_call ran a
+    module's forward or nn.Module.__call__, or neither."""
+    import sys
+    names = set()
+    sys.setprofile(lambda frame, event, arg: names.add(frame.f_code.co_name) if event == "call" else None)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return names
+
+
+def _each_hook_runs(module: torch.nn.Module, call, want: torch.Tensor) -> None:
+    """Each forward (pre-)hook, the module's own or global, registered on its own, runs when call()
+    calls the module (module_call notices every one), and call() still gives want."""
+    seen = []
+    registers = (lambda: module.register_forward_pre_hook(lambda m, args: seen.append(1)),
+                 lambda: module.register_forward_hook(lambda m, args, out: seen.append(1)),
+                 lambda: torch.nn.modules.module.register_module_forward_pre_hook(lambda m, args: seen.append(1)),
+                 lambda: torch.nn.modules.module.register_module_forward_hook(lambda m, args, out: seen.append(1)))
+    for register in registers:
+        handle = register()
+        got = call()
+        handle.remove()
+        assert seen == [1]
+        seen.clear()
+        torch.testing.assert_close(got.double(), want, atol=2e-6, rtol=0)
+    call()
+    assert seen == []
+
+
+def _bad_calls_raise_as_nn_module_does(module: torch.nn.Module, calls) -> None:
+    """Each (args, kwargs) of calls raises the TypeError nn.Module.__call__ raises for it (module_call
+    declines what forward would not bind)."""
+    for args, kwargs in calls:
+        errors = []
+        for call in (module, lambda *a, **kw: torch.nn.Module.__call__(module, *a, **kw)):
+            with pytest.raises(TypeError) as e:
+                call(*args, **kwargs)
+            errors.append(str(e.value))
+        assert errors[0] == errors[1]
+
+
 def _warm(config: pn.RopeConfig) -> None:
     """A config's first call takes the general path and caches its CPU frequencies."""
     q, k, pos = _decode_inputs()
@@ -224,28 +268,18 @@ def test_module_call_is_nn_modules_call(monkeypatch):
     for got in (module(q, k, pos, 3), module(q, k=k, positions=pos, offset=3), module(q, k, offset=3, positions=pos)):
         torch.testing.assert_close(got[0].double(), want_q, atol=2e-6, rtol=0)
         torch.testing.assert_close(got[1].double(), want_k, atol=2e-6, rtol=0)
-    assert calls() == {"rope": 3}  # the path under test
+    assert calls() == {"rope": 3}
+    for call in (lambda: module(q, k, pos, 3), lambda: module(q, k, pos), lambda: module(q, k=k, positions=pos),
+                 lambda: module(q, positions=pos), lambda: module(q=q, k=k, positions=pos)):  # forward's defaults too
+        assert not _python_calls(call) & {"forward", "_call_impl", "_wrapped_call_impl"}
     got_q, none = module(q, positions=pos, offset=3)
     assert none is None  # (q alone: the general path)
     torch.testing.assert_close(got_q.double(), want_q, atol=2e-6, rtol=0)
 
-    seen = []
-    registers = (lambda: module.register_forward_pre_hook(lambda m, args: seen.append(1)),
-                 lambda: module.register_forward_hook(lambda m, args, out: seen.append(1)),
-                 lambda: torch.nn.modules.module.register_module_forward_pre_hook(lambda m, args: seen.append(1)),
-                 lambda: torch.nn.modules.module.register_module_forward_hook(lambda m, args, out: seen.append(1)))
-    for register in registers:  # each on its own: every one must be noticed
-        handle = register()
-        got = module(q, k, pos, 3)
-        handle.remove()
-        assert seen == [1]
-        seen.clear()
-        torch.testing.assert_close(got[0].double(), want_q, atol=2e-6, rtol=0)
+    _each_hook_runs(module, lambda: module(q, k, pos, 3)[0], want_q)
     doubled = module.register_forward_hook(lambda m, args, out: (out[0] * 2, out[1]))  # a hook's result counts
     torch.testing.assert_close(module(q, k, pos, 3)[0].double(), 2 * want_q, atol=4e-6, rtol=0)
     doubled.remove()
-    module(q, k, pos)
-    assert seen == []
 
     patched = pn.RotaryEmbedding(config)
     patched.forward = lambda q, k=None, positions=None, offset=0, cu_seqlens=None: ("patched", offset)
@@ -261,16 +295,61 @@ def test_module_call_is_nn_modules_call(monkeypatch):
             return out_q * 3, out_k
     torch.testing.assert_close(Scaled(config)(q, k, pos, 3)[0].double(), 3 * want_q, atol=6e-6, rtol=0)
 
-    for args, kwargs in (((), {}), ((q, k, pos), {"bogus": 1}), ((q, k, pos, 0, None, 1), {}), ((q,), {"q": q})):
-        errors = []
-        for call in (module, lambda *a, **kw: torch.nn.Module.__call__(module, *a, **kw)):
-            with pytest.raises(TypeError) as e:
-                call(*args, **kwargs)
-            errors.append(str(e.value))
-        assert errors[0] == errors[1]
+    _bad_calls_raise_as_nn_module_does(module, (((), {}), ((q, k, pos), {"bogus": 1}), ((q, k, pos, 0, None, 1), {}),
+                                                ((q,), {"q": q})))
 
     module.compile(backend="eager")
     torch.testing.assert_close(module(q, k, pos, 3)[0].double(), want_q, atol=2e-6, rtol=0)
+    assert module._compiled_call_impl is not None
+
+
+def test_sinusoidal_module_call_is_nn_modules_call(monkeypatch):
+    """SinusoidalPositionalEncoding.__call__ is module_call too: a plain module with no hooks adds
+    the encoding on the fast path (reference values, positional and keyword offsets, the default);
+    hooks, a forward set on the instance or the class, a subclass, a bad call, a wrong d_model, a
+    d_model that is no int, and module.compile() all take nn.Module.__call__ as before."""
+    module = pn.SinusoidalPositionalEncoding(32)
+    x = torch.randn(2, 1, 32, generator=GEN)
+    calls = _watch_fast_path()
+    for got, offset in ((module(x, 7), 7), (module(x, offset=7), 7), (module(x=x, offset=7), 7), (module(x), 0)):
+        torch.testing.assert_close(got.double(), reference.add_sinusoidal(x.double(), offset=offset), atol=2e-6, rtol=0)
+    assert calls() == {"add_sinusoidal": 4}
+    for call in (lambda: module(x, 7), lambda: module(x), lambda: module(x=x)):  # the path under test
+        assert not _python_calls(call) & {"forward", "_call_impl", "_wrapped_call_impl"}
+    with torch.no_grad():  # (grad mode is no hook: the same path)
+        assert "forward" not in _python_calls(lambda: module(x, 7))
+    assert "forward" in _python_calls(lambda: module(x.requires_grad_(), 7))  # declined: nn.Module.__call__
+    x.requires_grad_(False)
+    want = reference.add_sinusoidal(x.double(), offset=7)
+
+    _each_hook_runs(module, lambda: module(x, 7), want)
+    doubled = module.register_forward_hook(lambda m, args, out: out * 2)  # a hook's result counts
+    torch.testing.assert_close(module(x, 7).double(), 2 * want, atol=4e-6, rtol=0)
+    doubled.remove()
+
+    patched = pn.SinusoidalPositionalEncoding(32)
+    patched.forward = lambda x, offset=0: ("patched", offset)
+    assert patched(x, 3) == ("patched", 3)
+    monkeypatch.setattr(pn.SinusoidalPositionalEncoding, "forward", lambda self, *args: ("class", len(args)))
+    assert module(x, 3) == ("class", 2)
+    monkeypatch.undo()
+
+    class Scaled(pn.SinusoidalPositionalEncoding):
+        def forward(self, x, offset=0):
+            return super().forward(x, offset) * 3
+    torch.testing.assert_close(Scaled(32)(x, 7).double(), 3 * want, atol=6e-6, rtol=0)
+
+    _bad_calls_raise_as_nn_module_does(module, (((), {}), ((x,), {"bogus": 1}), ((x, 0, 1), {}), ((x,), {"x": x})))
+    calls = _watch_fast_path()
+    with pytest.raises(ValueError, match="x's last dim must be d_model=32"):
+        module(torch.randn(2, 1, 16, generator=GEN))
+    odd = pn.SinusoidalPositionalEncoding(32)
+    odd.d_model = 32.0  # not an int: forward's own check decides (and passes: 32 == 32.0)
+    torch.testing.assert_close(odd(x, 7).double(), want, atol=2e-6, rtol=0)
+    assert calls() == {"add_sinusoidal": 1}  # forward's own call of the op, not module_call's
+
+    module.compile(backend="eager")
+    torch.testing.assert_close(module(x, 7).double(), want, atol=2e-6, rtol=0)
     assert module._compiled_call_impl is not None
 
 
@@ -917,15 +996,18 @@ def test_add_sinusoidal_fast_path_keeps_reference_counts():
     x = torch.randn(2, 1, 32, generator=GEN)
     pos = torch.tensor([[5], [9]])
     module = pn.SinusoidalPositionalEncoding(32)
-    before = [sys.getrefcount(o) for o in (x, pos)]
+    objects = (x, pos, module, module.d_model)
+    before = [sys.getrefcount(o) for o in objects]
     calls = _watch_fast_path()
     for _ in range(50):
         out = pn.add_sinusoidal(x, pos, x_scale=2.0)
         assert sys.getrefcount(out) == 2  # out's and the argument's
-        module(x, 3)
+        out = module(x, 3)  # module_call
+        assert sys.getrefcount(out) == 2
+        module(x=x)
         pn.add_sinusoidal(x, offset=7)
         with pytest.raises(RuntimeError):  # declined by the op, refused by the general path
             pn.add_sinusoidal(x, pos[:, :0])
-    assert calls() == {"add_sinusoidal": 150}
+    assert calls() == {"add_sinusoidal": 200}
     del out
-    assert [sys.getrefcount(o) for o in (x, pos)] == before
+    assert [sys.getrefcount(o) for o in objects] == before

@@ -16,6 +16,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
+#include <string.h>
 
 #include "direct_entry.h"
 
@@ -38,8 +39,6 @@ static struct {
   PyObject* nn_module;               /* torch.nn.Module, whose __call__ takes the calls module_call declines */
   PyObject* nn_module_globals;       /* torch.nn.modules.module's namespace: its global hook dicts */
   PyObject* forward_ad_globals;      /* torch.autograd.forward_ad's namespace: _current_level */
-  PyObject* rotary_type;             /* posenc_native.RotaryEmbedding, once module_call() made its __call__ */
-  PyObject* rotary_forward;          /* its forward then (the one module_call stands for) */
   PosencDirectKernel direct[N_OPS];  /* each op's direct kernel, or NULL (torch < 2.14) */
   Py_ssize_t taken[N_OPS];           /* kernel runs on the fast path, for the tests */
 } fp;
@@ -50,7 +49,8 @@ static const char* const hook_names[] = {"_forward_hooks", "_forward_pre_hooks",
 static const char* const global_hook_names[] = {"_global_forward_hooks", "_global_forward_pre_hooks",
                                                 "_global_backward_hooks", "_global_backward_pre_hooks"};
 enum { N_HOOK_NAMES = 4 };
-static PyObject *s_hooks[N_HOOK_NAMES], *s_global_hooks[N_HOOK_NAMES], *s_compiled_call, *s_config, *s_layout;
+static PyObject *s_hooks[N_HOOK_NAMES], *s_global_hooks[N_HOOK_NAMES], *s_compiled_call, *s_config, *s_layout, *s_d_model;
+static PyObject *c_zero, *c_one, *c_base; /* 0.0, 1.0 and 10000.0: add_sinusoidal's defaults */
 
 static void* release_gil(void) { return PyEval_SaveThread(); }
 static void reacquire_gil(void* state) { PyEval_RestoreThread((PyThreadState*)state); }
@@ -374,10 +374,31 @@ static int empty_dict_at(PyObject* d, PyObject* name) {
   return PyDict_Check(v) && PyDict_Size(v) == 0;
 }
 
+/* The module classes whose __call__ module_call stands in for, each with its forward's parameters
+ * (after self; the first required, the others default to None, and offset to 0) and its fast call:
+ * what forward would run, from the module's __dict__ and forward's arguments; a result, None to
+ * decline (nn.Module.__call__ then runs forward), or NULL on error. */
+typedef PyObject* (*ModuleFastCall)(PyObject* dict, PyObject* const* args);
+static PyObject* rotary_fast_call(PyObject* dict, PyObject* const* args);
+static PyObject* sinusoidal_fast_call(PyObject* dict, PyObject* const* args);
+static PyObject* add_sinusoidal_fast(PyObject* const* a, int64_t x_last_dim);
+enum { MAX_FORWARD = 5 };
+static struct {
+  const char* name;                     /* module_call's name for it */
+  const char* params[MAX_FORWARD];
+  Py_ssize_t n_params;
+  ModuleFastCall fast;
+  PyObject *cls, *forward;              /* the class and its forward, once module_call() made its __call__ */
+} module_kinds[] = {
+    {"RotaryEmbedding", {"q", "k", "positions", "offset", "cu_seqlens"}, 5, rotary_fast_call, NULL, NULL},
+    {"SinusoidalPositionalEncoding", {"x", "offset"}, 2, sinusoidal_fast_call, NULL, NULL},
+};
+enum { N_MODULE_KINDS = sizeof(module_kinds) / sizeof(module_kinds[0]) };
+
 /* 1 if nn.Module.__call__ would call the class's forward straight away (no hook of the module's or
- * global, no compiled call, no forward set on the instance or the class) and self holds config and layout (*config, *layout borrowed from its
- * __dict__, held by *dict); 0 if not; -1 on error. */
-static int plain_module_call(PyObject* self, PyObject** dict, PyObject** config, PyObject** layout) {
+ * global, no compiled call, no forward set on the instance or the class: still `forward`), with
+ * self's __dict__ in *dict (owned); 0 if not; -1 on error. */
+static int plain_module_call(PyObject* self, PyObject* forward, PyObject** dict) {
   if ((*dict = PyObject_GenericGetDict(self, NULL)) == NULL) return -1;
   int r;
   for (int i = 0; i < N_HOOK_NAMES; ++i) {
@@ -388,50 +409,48 @@ static int plain_module_call(PyObject* self, PyObject** dict, PyObject** config,
   if (compiled != NULL && compiled != Py_None) return 0;
   /* a forward set on the instance (module.forward = f) or on the class is what nn.Module.__call__ calls */
   if ((r = PyDict_Contains(*dict, s_forward)) != 0) return r < 0 ? -1 : 0;
-  PyObject* forward = PyObject_GetAttr(fp.rotary_type, s_forward);
-  if (forward == NULL) return -1;
-  Py_DECREF(forward); /* (identity only) */
-  if (forward != fp.rotary_forward) return 0;
-  *config = PyDict_GetItemWithError(*dict, s_config);
-  *layout = *config ? PyDict_GetItemWithError(*dict, s_layout) : NULL;
-  if (*layout == NULL) return PyErr_Occurred() ? -1 : 0;
-  return 1;
+  PyObject* now = PyObject_GetAttr((PyObject*)Py_TYPE(self), s_forward);
+  if (now == NULL) return -1;
+  Py_DECREF(now); /* (identity only) */
+  return now == forward;
 }
 
-/* RotaryEmbedding.__call__(self, q, k=None, positions=None, offset=0, cu_seqlens=None): what
- * nn.Module.__call__ does, without its two Python frames (a fifth of a decode call): a plain
- * RotaryEmbedding with no hooks runs rope_fast on its forward's arguments; every other call, and
- * every call rope_fast declines, goes to nn.Module.__call__ (looked up per call, so whoever patches it,
- * as torch.fx does, still sees the call). */
-static const char* const forward_names[] = {"q", "k", "positions", "offset", "cu_seqlens"};
-enum { N_FORWARD = 5 };
+/* A module kind's __call__(self, *args, **kwargs): what nn.Module.__call__ does, without its two
+ * Python frames (a fifth of a decode call): an instance of the class itself (not a subclass) with no
+ * hooks runs its fast call on forward's arguments; every other call, and every call the fast call
+ * declines, goes to nn.Module.__call__ (looked up per call, so whoever patches it, as torch.fx does,
+ * still sees the call). */
 static PyObject* module_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  PyObject* forward_args[N_FORWARD] = {NULL, Py_None, Py_None, NULL, Py_None};
-  PyObject *dict = NULL, *config = NULL, *layout = NULL, *result = NULL, *zero = NULL;
-  int plain = Py_TYPE(self) == (PyTypeObject*)fp.rotary_type && nargs >= 1 && nargs <= N_FORWARD;
+  int kind = 0;
+  while (kind < N_MODULE_KINDS && (PyObject*)Py_TYPE(self) != module_kinds[kind].cls) ++kind;
+  PyObject* forward_args[MAX_FORWARD] = {NULL, NULL, NULL, NULL, NULL};
+  PyObject *dict = NULL, *result = NULL, *zero = NULL;
+  int plain = kind < N_MODULE_KINDS && nargs <= module_kinds[kind].n_params;
+  const char* const* params = plain ? module_kinds[kind].params : NULL;
+  const Py_ssize_t n_params = plain ? module_kinds[kind].n_params : 0;
+  Py_ssize_t offset_at = -1;
+  for (Py_ssize_t j = 0; j < n_params; ++j)
+    if (strcmp(params[j], "offset") == 0) offset_at = j;
   for (Py_ssize_t i = 0; plain && i < nargs; ++i) forward_args[i] = args[i];
   const Py_ssize_t nkw = kwnames != NULL ? PyTuple_Size(kwnames) : 0;
   for (Py_ssize_t i = 0; plain && i < nkw; ++i) {
     int found = 0;
-    for (Py_ssize_t j = nargs; !found && j < N_FORWARD; ++j)
-      if (PyUnicode_CompareWithASCIIString(PyTuple_GetItem(kwnames, i), forward_names[j]) == 0)
+    for (Py_ssize_t j = nargs; !found && j < n_params; ++j)
+      if (PyUnicode_CompareWithASCIIString(PyTuple_GetItem(kwnames, i), params[j]) == 0)
         found = 1, forward_args[j] = args[nargs + i]; /* (Python passes no name twice) */
     plain = plain && found;
   }
-  if (plain && forward_args[3] == NULL) forward_args[3] = zero = PyLong_FromLong(0);
-  if (plain && forward_args[3] == NULL) goto done; /* no memory */
+  for (Py_ssize_t j = 0; plain && j < n_params; ++j) { /* the defaults: none for the first, offset 0, else None */
+    if (forward_args[j] != NULL) continue;
+    if (j == offset_at) forward_args[j] = zero = PyLong_FromLong(0);
+    else if (j > 0) forward_args[j] = Py_None;
+    plain = forward_args[j] != NULL; /* (no memory for the 0: nn.Module.__call__ finds none either) */
+  }
   if (plain) {
-    int r = plain_module_call(self, &dict, &config, &layout);
-    if (r != 1) config = layout = NULL; /* (borrowed, or not found: not ours to release) */
+    int r = plain_module_call(self, module_kinds[kind].forward, &dict);
     if (r < 0) goto done;
     if (r == 1) {
-      /* held for the call: rope_fast may run Python (a q-only call's empty k), and another thread
-       * could then rebind module.config or module.layout, freeing the borrowed objects */
-      Py_INCREF(config);
-      Py_INCREF(layout);
-      PyObject* a[14] = {Py_False, forward_args[0], forward_args[1], forward_args[2], config, Py_None, Py_None,
-                         Py_None, layout, forward_args[3], forward_args[4], Py_None, Py_None, Py_False};
-      if ((result = rope_fast(a)) != Py_None) goto done;
+      if ((result = module_kinds[kind].fast(dict, forward_args)) != Py_None) goto done;
       Py_CLEAR(result);
     }
   }
@@ -439,28 +458,62 @@ static PyObject* module_call(PyObject* self, PyObject* const* args, Py_ssize_t n
   if (call != NULL) result = call_with_keywords(call, self, args, nargs, kwnames);
   Py_XDECREF(call);
 done:
-  Py_XDECREF(config);
-  Py_XDECREF(layout);
   Py_XDECREF(dict);
   Py_XDECREF(zero);
   return result;
 }
 
+/* RotaryEmbedding.forward(q, k=None, positions=None, offset=0, cu_seqlens=None): rope_fast with the
+ * module's config and layout, held for the call (rope_fast may run Python, a q-only call's empty k,
+ * and another thread could then rebind module.config or module.layout, freeing borrowed objects). */
+static PyObject* rotary_fast_call(PyObject* dict, PyObject* const* args) {
+  PyObject* config = PyDict_GetItemWithError(dict, s_config);
+  PyObject* layout = config ? PyDict_GetItemWithError(dict, s_layout) : NULL;
+  if (layout == NULL) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+  Py_INCREF(config);
+  Py_INCREF(layout);
+  PyObject* a[14] = {Py_False, args[0], args[1], args[2], config, Py_None, Py_None,
+                     Py_None, layout, args[3], args[4], Py_None, Py_None, Py_False};
+  PyObject* result = rope_fast(a);
+  Py_DECREF(config);
+  Py_DECREF(layout);
+  return result;
+}
+
+/* SinusoidalPositionalEncoding.forward(x, offset=0): add_sinusoidal(x, offset=offset) with the
+ * defaults, x's last dimension the module's d_model (else forward raises its error). */
+static PyObject* sinusoidal_fast_call(PyObject* dict, PyObject* const* args) {
+  PyObject* d_model = PyDict_GetItemWithError(dict, s_d_model);
+  if (d_model == NULL || !PyLong_CheckExact(d_model)) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+  const long long dim = PyLong_AsLongLong(d_model);
+  if (dim <= 0) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+  /* x, positions, x_scale, base, interleaved, freq_shift, angle_scale, cos_first, offset */
+  PyObject* a[9] = {args[0], Py_None, c_one, c_base, Py_True, c_zero, c_one, Py_False, args[1]};
+  return add_sinusoidal_fast(a, dim);
+}
+
 static PyMethodDef module_call_def = {"__call__", (PyCFunction)(void (*)(void))module_call,
                                       METH_FASTCALL | METH_KEYWORDS, "nn.Module.__call__, without its Python frames"};
 
-/* module_call(cls) -> RotaryEmbedding.__call__ for cls (a method descriptor of cls, after bind()). */
+/* module_call(cls) -> cls.__call__ (a method descriptor of cls, after bind()), for the module kinds
+ * above, named by cls.__name__. */
 static PyObject* make_module_call(PyObject* module, PyObject* cls) {
-  if (!PyType_Check(cls) || fp.nn_module == NULL) {
-    PyErr_SetString(PyExc_TypeError, "posenc_native._direct.module_call takes RotaryEmbedding, after bind()");
+  int kind = 0;
+  PyObject* name = PyType_Check(cls) ? PyObject_GetAttrString(cls, "__name__") : NULL;
+  while (name != NULL && kind < N_MODULE_KINDS && PyUnicode_CompareWithASCIIString(name, module_kinds[kind].name) != 0)
+    ++kind;
+  Py_XDECREF(name);
+  PyErr_Clear();
+  if (name == NULL || kind == N_MODULE_KINDS || fp.nn_module == NULL) {
+    PyErr_SetString(PyExc_TypeError,
+                    "posenc_native._direct.module_call takes RotaryEmbedding or SinusoidalPositionalEncoding, after bind()");
     return NULL;
   }
   PyObject* forward = PyObject_GetAttr(cls, s_forward);
   if (forward == NULL) return NULL;
-  Py_XDECREF(fp.rotary_forward);
-  fp.rotary_forward = forward;
-  Py_XDECREF(fp.rotary_type);
-  fp.rotary_type = Py_NewRef(cls);
+  Py_XDECREF(module_kinds[kind].forward);
+  Py_XDECREF(module_kinds[kind].cls);
+  module_kinds[kind].forward = forward, module_kinds[kind].cls = Py_NewRef(cls);
   return PyDescr_NewMethod((PyTypeObject*)cls, &module_call_def);
 }
 
@@ -481,24 +534,28 @@ static PyObject* rope_cos_sin(PyObject* module, PyObject* const* a, Py_ssize_t n
   return result;
 }
 
-/* add_sinusoidal(x, positions, x_scale, base, interleaved, freq_shift, angle_scale, cos_first, offset): the
- * op's arguments as ops.add_sinusoidal was given them, before its checks (an argument of another type
- * is declined, and the general path explains it). Returns x * x_scale + PE, or None for a call it does
- * not take. */
-static PyObject* add_sinusoidal(PyObject* module, PyObject* const* a, Py_ssize_t nargs) {
-  if (nargs != 9) {
-    PyErr_SetString(PyExc_TypeError, "posenc_native._direct.add_sinusoidal takes the op's 9 arguments");
-    return NULL;
-  }
+/* add_sinusoidal's fast path on the op's arguments a[0..9) (x, positions, x_scale, base, interleaved,
+ * freq_shift, angle_scale, cos_first, offset), as ops.add_sinusoidal was given them, before its checks
+ * (an argument of another type is declined, and the general path explains it); x_last_dim > 0: x's
+ * last dimension must be this. Returns x * x_scale + PE, or None for a call it does not take. */
+static PyObject* add_sinusoidal_fast(PyObject* const* a, int64_t x_last_dim) {
   PyObject *x = a[0], *positions = a[1];
   if (!of_kinds(a, "Ttffbffbi")) Py_RETURN_NONE;
   /* x, and positions (float ones that want a gradient are the general path's to refuse) */
   int ok = nothing_intercepts(0, x, positions == Py_None ? x : positions);
   if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_None);
   int ran;
-  PyObject* result = run(ADD_SINUSOIDAL, a, 9, 0x3u /* x, float positions: negative views */, 0, &ran);
+  PyObject* result = run(ADD_SINUSOIDAL, a, 9, 0x3u /* x, float positions: negative views */, x_last_dim, &ran);
   fp.taken[ADD_SINUSOIDAL] += ran;
   return result;
+}
+
+static PyObject* add_sinusoidal(PyObject* module, PyObject* const* a, Py_ssize_t nargs) {
+  if (nargs != 9) {
+    PyErr_SetString(PyExc_TypeError, "posenc_native._direct.add_sinusoidal takes the op's 9 arguments");
+    return NULL;
+  }
+  return add_sinusoidal_fast(a, 0);
 }
 
 static int take(PyObject* dict, const char* key, PyObject** slot) {
@@ -571,18 +628,21 @@ static PyMethodDef methods[] = {
     {"rope_cos_sin", (PyCFunction)(void (*)(void))rope_cos_sin, METH_FASTCALL, "apply_rotary_pos_emb's fast path"},
     {"add_sinusoidal", (PyCFunction)(void (*)(void))add_sinusoidal, METH_FASTCALL, "add_sinusoidal's fast path"},
     {"taken", taken, METH_NOARGS, "kernel runs on the fast path, per op"},
-    {"module_call", make_module_call, METH_O, "module_call(RotaryEmbedding) -> its __call__"},
+    {"module_call", make_module_call, METH_O, "module_call(cls) -> its __call__ (RotaryEmbedding, SinusoidalPositionalEncoding)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_direct", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__direct(void) {
   const char* names[] = {"requires_grad", "_version", "is_cpu", "_frequencies", "cpu_plain", "shape", "__call__",
-                         "_compiled_call_impl", "config", "layout", "is_neg", "_current_level", "forward"};
+                         "_compiled_call_impl", "config", "layout", "is_neg", "_current_level", "forward", "d_model"};
   PyObject** slots[] = {&s_requires_grad, &s_version, &s_is_cpu, &s_frequencies, &s_cpu_plain, &s_shape, &s_call,
-                        &s_compiled_call, &s_config, &s_layout, &s_is_neg, &s_current_level, &s_forward};
-  for (int i = 0; i < 13; ++i)
+                        &s_compiled_call, &s_config, &s_layout, &s_is_neg, &s_current_level, &s_forward, &s_d_model};
+  for (int i = 0; i < 14; ++i)
     if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
+  if ((c_zero = PyFloat_FromDouble(0.0)) == NULL || (c_one = PyFloat_FromDouble(1.0)) == NULL ||
+      (c_base = PyFloat_FromDouble(10000.0)) == NULL)
+    return NULL;
   for (int i = 0; i < N_HOOK_NAMES; ++i)
     if ((s_hooks[i] = PyUnicode_InternFromString(hook_names[i])) == NULL ||
         (s_global_hooks[i] = PyUnicode_InternFromString(global_hook_names[i])) == NULL)

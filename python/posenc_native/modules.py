@@ -179,13 +179,14 @@ class RotaryEmbedding(_ScriptFrequencies):
 
 if ops._FAST is not None:
     # nn.Module.__call__ without its two Python frames (csrc/python/direct.c, module_call): a plain
-    # RotaryEmbedding with no hooks runs forward's fast path; every other call goes to nn.Module.__call__.
-    RotaryEmbedding.__call__ = ops._FAST.module_call(RotaryEmbedding)
-
-    @torch.compiler.substitute_in_graph(RotaryEmbedding.__call__, skip_signature_check=True)
+    # module of these classes with no hooks runs forward's fast path; every other call goes to
+    # nn.Module.__call__. torch.compile traces nn.Module.__call__ itself in its place.
     def _traced_call(self, *args, **kwargs):
-        """What torch.compile traces in place of the C __call__ above: nn.Module.__call__ itself."""
         return nn.Module.__call__(self, *args, **kwargs)
+
+    for _cls in (RotaryEmbedding, SinusoidalPositionalEncoding):
+        _cls.__call__ = ops._FAST.module_call(_cls)
+        torch.compiler.substitute_in_graph(_cls.__call__, skip_signature_check=True)(_traced_call)
 
 
 def _fused_cos_sin_ok(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:

@@ -614,6 +614,41 @@ def test_rotary_positions_cos_sin_matches_transformers():
     assert torch.allclose(cos, cos_ref, atol=1e-5) and torch.allclose(sin, sin_ref, atol=1e-5)
 
 
+def test_rotation_wrapper_gives_the_same_rotation_however_it_is_called():
+    """The wrapped apply_rotary_pos_emb gives the same bits however its arguments are passed
+    (positional, keywords, unsqueeze_dim given or not), transformers' formula on float64 tables of
+    the config's frequencies (q and k of a GQA model at scattered positions), and refuses a q wider
+    than the rotation the function was proven on."""
+    from transformers.models.llama import modeling_llama
+
+    model = _model("llama-yarn")
+    g = torch.Generator().manual_seed(5)
+    pos = torch.randint(0, 3000, (2, 5), generator=g)
+    D = model.config.hidden_size // model.config.num_attention_heads
+    q, k = torch.randn(2, 4, 5, D, generator=g), torch.randn(2, 2, 5, D, generator=g)
+    rope = RopeConfig.from_hf(model.config)  # the exact frequencies (the model's are rounded to float32)
+    angles = pos[..., None].double() * rope.inv_freq().double()
+    emb = torch.cat((angles, angles), -1)
+    want = modeling_llama.apply_rotary_pos_emb(q.double(), k.double(), emb.cos() * rope.attention_factor,
+                                               emb.sin() * rope.attention_factor)
+    hfi.patch(model)
+    try:
+        h, h_sin = model.model.rotary_emb(q, pos)
+        rotate = modeling_llama.apply_rotary_pos_emb
+        first = rotate(q, k, h, h_sin)
+        for got in (rotate(q, k, h, h_sin, 1), rotate(q, k, cos=h, sin=h_sin), rotate(q=q, k=k, cos=h, sin=h_sin),
+                    rotate(q, k, h, h_sin, unsqueeze_dim=1)):
+            assert torch.equal(got[0], first[0]) and torch.equal(got[1], first[1])
+        for got, ref in zip(first, want):
+            torch.testing.assert_close(got.double(), ref, atol=2e-5, rtol=0)
+        wide_q, wide_k = torch.randn(2, 4, 5, 2 * D, generator=g), torch.randn(2, 2, 5, 2 * D, generator=g)
+        for call in (lambda: rotate(wide_q, wide_k, h, h_sin), lambda: rotate(wide_q, wide_k, h, h_sin, 1)):
+            with pytest.raises(hfi.UnsupportedModelError, match="only on inputs as wide as the rotated part"):
+                call()
+    finally:
+        hfi.unpatch(model)
+
+
 def test_complex_table_handle_stands_in_for_freqs_cis():
     """Llama 4's rotary module returns one complex table, on which its attention calls .to(device): the
     patched module returns one handle, whose .to keeps it (same device) or moves positions and

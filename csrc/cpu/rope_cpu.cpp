@@ -39,7 +39,7 @@ void rotate_heads(const RopeProblem& p, const RopeOperand& o, int64_t b, int64_t
 }
 
 // rotate_heads for half-split pairs with one cos/sin row indexed by pair (angles from frequencies):
-// first the SIMD kernel `simd` where the path has one (isa.h, RotateUniformFn: float32 and fp16),
+// first the SIMD kernel `simd` where the path has one (isa.h, RotateUniformFn; simd_rows.h, kUniform),
 // then rotate_row_uniform for the rest.
 template <bool kInverse, typename T, typename M>
 inline void rotate_heads_uniform(const RopeProblem& p, const RopeOperand& o, int64_t b, int64_t s, const M* c,

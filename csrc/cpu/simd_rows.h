@@ -346,7 +346,8 @@ int64_t rotate_row_simd(const void* src_v, void* dst_v, int64_t rows, int64_t sr
 // isa.h, RotateUniformFn: half-split rows with the pair's cos c[i] and sin s[i] read directly
 // (core/rope.h, rotate_row_uniform: a*c - b*s, b*c + a*s, the inverse with the signs swapped; the
 // same bits as rotate_row with set_factors, since adding b * (-s) is subtracting b * s). Plain
-// per-vector loads and stores: an even/odd policy would need its factors reordered.
+// per-vector loads and stores: an even/odd policy would need its cos/sin reordered (kUniform gives
+// it none).
 template <class I, class D, bool kInverse, class Mv, int K>
 [[gnu::always_inline]] inline void rotate_block_uniform(const typename D::T* src, typename D::T* dst, int64_t j,
                                                         int64_t pairs, const float* c, const float* s,
@@ -392,13 +393,15 @@ int64_t rotate_row_simd_uniform(const void* src_v, void* dst_v, int64_t rows, in
   return full;
 }
 
-// fp16 and float32: against the in-place memory floor they measured faster than the factor rows
-// (fp16 ~5-10%, benchmarks/micro/rope_rows.cpp; float32 ~17% on cache-resident decode batches and as
-// fast from DRAM, benchmarks/RESULTS.md); bf16 keeps its even/odd rows.
+// Every policy in row order: against the in-place memory floor these measured faster than the
+// factor rows (fp16 ~5-10%, benchmarks/micro/rope_rows.cpp; float32 ~17% on cache-resident decode
+// batches and as fast from DRAM; bf16 on the AVX-512 paths as fast with many heads and 15-20% faster
+// with one, whose per-token factor rows were a fifth of its time: benchmarks/RESULTS.md). An even/odd
+// policy (AVX2's bf16) keeps its factor rows: in row order its stores measured ~45% slower.
 template <class I, class D, class Mv>
 constexpr RotateUniformFn kUniform[2] = {
-    std::is_same_v<D, BFloat16> ? nullptr : rotate_row_simd_uniform<I, D, false, Mv>,
-    std::is_same_v<D, BFloat16> ? nullptr : rotate_row_simd_uniform<I, D, true, Mv>};
+    kEvenOdd<Io<I, D>> ? nullptr : rotate_row_simd_uniform<I, D, false, Mv>,
+    kEvenOdd<Io<I, D>> ? nullptr : rotate_row_simd_uniform<I, D, true, Mv>};
 
 // isa.h, OrderFactorsFn: for an even/odd policy, the factor entries its two-vector steps read
 // (blocks of 2W from the start of the row, or of each half) reordered as (even elements, odd

@@ -16,7 +16,6 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
-#include <string.h>
 
 #include "direct_entry.h"
 
@@ -51,6 +50,7 @@ static const char* const global_hook_names[] = {"_global_forward_hooks", "_globa
 enum { N_HOOK_NAMES = 4 };
 static PyObject *s_hooks[N_HOOK_NAMES], *s_global_hooks[N_HOOK_NAMES], *s_compiled_call, *s_config, *s_layout, *s_d_model;
 static PyObject *c_zero, *c_one, *c_base; /* 0.0, 1.0 and 10000.0: add_sinusoidal's defaults */
+static PyObject* c_offset; /* 0: the module forwards' default offset */
 
 static void* release_gil(void) { return PyEval_SaveThread(); }
 static void reacquire_gil(void* state) { PyEval_RestoreThread((PyThreadState*)state); }
@@ -375,7 +375,7 @@ static int empty_dict_at(PyObject* d, PyObject* name) {
 }
 
 /* The module classes whose __call__ module_call stands in for, each with its forward's parameters
- * (after self; the first required, the others default to None, and offset to 0) and its fast call:
+ * (after self; the first required, the others default to None, and offset, at offset_at, to 0) and its fast call:
  * what forward would run, from the module's __dict__ and forward's arguments; a result, None to
  * decline (nn.Module.__call__ then runs forward), or NULL on error. */
 typedef PyObject* (*ModuleFastCall)(PyObject* dict, PyObject* const* args);
@@ -386,12 +386,12 @@ enum { MAX_FORWARD = 5 };
 static struct {
   const char* name;                     /* module_call's name for it */
   const char* params[MAX_FORWARD];
-  Py_ssize_t n_params;
+  Py_ssize_t n_params, offset_at;
   ModuleFastCall fast;
   PyObject *cls, *forward;              /* the class and its forward, once module_call() made its __call__ */
 } module_kinds[] = {
-    {"RotaryEmbedding", {"q", "k", "positions", "offset", "cu_seqlens"}, 5, rotary_fast_call, NULL, NULL},
-    {"SinusoidalPositionalEncoding", {"x", "offset"}, 2, sinusoidal_fast_call, NULL, NULL},
+    {"RotaryEmbedding", {"q", "k", "positions", "offset", "cu_seqlens"}, 5, 3, rotary_fast_call, NULL, NULL},
+    {"SinusoidalPositionalEncoding", {"x", "offset"}, 2, 1, sinusoidal_fast_call, NULL, NULL},
 };
 enum { N_MODULE_KINDS = sizeof(module_kinds) / sizeof(module_kinds[0]) };
 
@@ -424,13 +424,10 @@ static PyObject* module_call(PyObject* self, PyObject* const* args, Py_ssize_t n
   int kind = 0;
   while (kind < N_MODULE_KINDS && (PyObject*)Py_TYPE(self) != module_kinds[kind].cls) ++kind;
   PyObject* forward_args[MAX_FORWARD] = {NULL, NULL, NULL, NULL, NULL};
-  PyObject *dict = NULL, *result = NULL, *zero = NULL;
+  PyObject *dict = NULL, *result = NULL;
   int plain = kind < N_MODULE_KINDS && nargs <= module_kinds[kind].n_params;
   const char* const* params = plain ? module_kinds[kind].params : NULL;
   const Py_ssize_t n_params = plain ? module_kinds[kind].n_params : 0;
-  Py_ssize_t offset_at = -1;
-  for (Py_ssize_t j = 0; j < n_params; ++j)
-    if (strcmp(params[j], "offset") == 0) offset_at = j;
   for (Py_ssize_t i = 0; plain && i < nargs; ++i) forward_args[i] = args[i];
   const Py_ssize_t nkw = kwnames != NULL ? PyTuple_Size(kwnames) : 0;
   for (Py_ssize_t i = 0; plain && i < nkw; ++i) {
@@ -441,10 +438,8 @@ static PyObject* module_call(PyObject* self, PyObject* const* args, Py_ssize_t n
     plain = plain && found;
   }
   for (Py_ssize_t j = 0; plain && j < n_params; ++j) { /* the defaults: none for the first, offset 0, else None */
-    if (forward_args[j] != NULL) continue;
-    if (j == offset_at) forward_args[j] = zero = PyLong_FromLong(0);
-    else if (j > 0) forward_args[j] = Py_None;
-    plain = forward_args[j] != NULL; /* (no memory for the 0: nn.Module.__call__ finds none either) */
+    if (forward_args[j] == NULL) forward_args[j] = j == module_kinds[kind].offset_at ? c_offset : j > 0 ? Py_None : NULL;
+    plain = forward_args[j] != NULL;
   }
   if (plain) {
     int r = plain_module_call(self, module_kinds[kind].forward, &dict);
@@ -459,7 +454,6 @@ static PyObject* module_call(PyObject* self, PyObject* const* args, Py_ssize_t n
   Py_XDECREF(call);
 done:
   Py_XDECREF(dict);
-  Py_XDECREF(zero);
   return result;
 }
 
@@ -641,7 +635,7 @@ PyMODINIT_FUNC PyInit__direct(void) {
   for (int i = 0; i < 14; ++i)
     if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
   if ((c_zero = PyFloat_FromDouble(0.0)) == NULL || (c_one = PyFloat_FromDouble(1.0)) == NULL ||
-      (c_base = PyFloat_FromDouble(10000.0)) == NULL)
+      (c_base = PyFloat_FromDouble(10000.0)) == NULL || (c_offset = PyLong_FromLong(0)) == NULL)
     return NULL;
   for (int i = 0; i < N_HOOK_NAMES; ++i)
     if ((s_hooks[i] = PyUnicode_InternFromString(hook_names[i])) == NULL ||

@@ -398,10 +398,17 @@ int64_t rotate_row_simd_uniform(const void* src_v, void* dst_v, int64_t rows, in
 // batches and as fast from DRAM; bf16 on the AVX-512 paths as fast with many heads and 15-20% faster
 // with one, whose per-token factor rows were a fifth of its time: benchmarks/RESULTS.md). An even/odd
 // policy (AVX2's bf16) keeps its factor rows: in row order its stores measured ~45% slower.
+template <class I, class D, class Mv, bool kInverse>
+constexpr RotateUniformFn uniform_rows() {
+  if constexpr (kEvenOdd<Io<I, D>>) {
+    return nullptr;  // (not instantiated: no kernel for the path that never calls it)
+  } else {
+    return rotate_row_simd_uniform<I, D, kInverse, Mv>;
+  }
+}
+
 template <class I, class D, class Mv>
-constexpr RotateUniformFn kUniform[2] = {
-    kEvenOdd<Io<I, D>> ? nullptr : rotate_row_simd_uniform<I, D, false, Mv>,
-    kEvenOdd<Io<I, D>> ? nullptr : rotate_row_simd_uniform<I, D, true, Mv>};
+constexpr RotateUniformFn kUniform[2] = {uniform_rows<I, D, Mv, false>(), uniform_rows<I, D, Mv, true>()};
 
 // isa.h, OrderFactorsFn: for an even/odd policy, the factor entries its two-vector steps read
 // (blocks of 2W from the start of the row, or of each half) reordered as (even elements, odd

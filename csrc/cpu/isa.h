@@ -46,14 +46,17 @@ enum class Isa : int { Portable = 0, Avx2 = 1, Avx512 = 2, Avx512Bf16 = 3 };
 using RotateRowFn = int64_t (*)(const void* src, void* dst, int64_t rows, int64_t src_stride, int64_t dst_stride,
                                 int64_t pairs, const float* C, const float* S);
 
-// Reorders a token's factor rows C and S (rot_dim entries each, core/rope.h set_factors) into the
-// order a row kernel reads them, in place; called once per token, before the rows that use them.
-// nullptr: row order. Entries the kernel does not report done (rotate_row's) stay in row order.
-using OrderFactorsFn = void (*)(float* C, float* S, int64_t pairs);
+// Copies n floats of a row the kernels read (a factor row, or each half of a half-split one; a
+// cos or a sin row) from src to dst (or reorders them in place: src == dst) into the order a
+// kernel with an even/odd policy reads them (simd_rows.h): each block of two vectors from the
+// start as (even elements, odd elements), the rest in row order, as rotate_row reads them. Once
+// per token, before the rows that use it. nullptr: the kernels read rows in row order.
+using OrderRowFn = void (*)(const float* src, float* dst, int64_t n);
 
 // A SIMD row kernel for half-split pairs and one cos/sin row indexed by pair (angles from
 // frequencies, as core/rope.h rotate_row_uniform, same bits): two factor loads per block of pairs
-// instead of four, and no per-token factor rows. Same contract as RotateRowFn otherwise.
+// instead of four, and no per-token factor rows. Same contract as RotateRowFn otherwise (cos and
+// sin in order[] too).
 using RotateUniformFn = int64_t (*)(const void* src, void* dst, int64_t rows, int64_t src_stride,
                                     int64_t dst_stride, int64_t pairs, const float* cos, const float* sin);
 
@@ -61,8 +64,8 @@ enum RowDtype : int { kRowFloat = 0, kRowBFloat16 = 1, kRowHalf = 2 };
 
 struct RowKernels {
   RotateRowFn rotate[3][2];          // [RowDtype][interleaved]
-  OrderFactorsFn order[3][2];        // the factor order each of them reads
-  RotateUniformFn uniform[3][2];     // [RowDtype][inverse], half-split; nullptr where rotate[.][0] measured faster
+  OrderRowFn order[3];               // [RowDtype]: the order both kinds of kernel read their rows in
+  RotateUniformFn uniform[3][2];     // [RowDtype][inverse], half-split
 };
 
 // The row kernels of each SIMD path, with or without prefetch, with or without non-temporal stores

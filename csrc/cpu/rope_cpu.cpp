@@ -85,7 +85,7 @@ struct FactorRows {
 
 // Tokens [begin, end): per token the factor rows of every pair, then every q and k head rotated with them.
 template <typename T, bool kInterleaved, bool kInverse>
-POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, OrderFactorsFn order,
+POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, OrderRowFn order,
                                    RotateUniformFn uniform, int64_t begin, int64_t end) {
   using M = math_t<T>;
   const int64_t pairs = p.pairs();
@@ -95,13 +95,17 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
   const int64_t row_len = (p.rot_dim + kAlign - 1) / kAlign * kAlign;
   // One cos/sin row per token, no factor rows: half-split float32 (SIMD kernel or, on the portable
   // path, the compiled loop) and the dtypes whose path has a uniform kernel. Interleaved rows use
-  // the factor rows with every dtype (cpu/isa.h).
+  // the factor rows with every dtype (cpu/isa.h). C and S: the factor rows, or the cos and sin
+  // rows in the order an even/odd kernel reads them.
   const bool uniform_rows = !kInterleaved && p.inv_freq && (std::is_same_v<T, float> || uniform);
-  M* C = uniform_rows ? nullptr : thread_rows<M, kFactorRows>(2 * row_len);
-  M* S = uniform_rows ? nullptr : C + row_len;
+  M* C = uniform_rows && !order ? nullptr : thread_rows<M, kFactorRows>(2 * row_len);
+  M* S = C ? C + row_len : nullptr;
   const auto rotate_token = [&](int64_t b, int64_t s) {
     if constexpr (std::is_same_v<M, float>) {
-      if (order) order(C, S, pairs);
+      if (order && kInterleaved) order(C, C, 2 * pairs), order(S, S, 2 * pairs);
+      if (order && !kInterleaved) {  // each half of each row
+        for (M* half : {C, C + pairs, S, S + pairs}) order(half, half, pairs);
+      }
     }
     rotate_heads<kInterleaved, T>(p, p.q, b, s, C, S, simd);
     rotate_heads<kInterleaved, T>(p, p.k, b, s, C, S, simd);
@@ -126,8 +130,13 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
       } else {
         angles.at(position_of);
         if (uniform_rows) {
-          rotate_heads_uniform<kInverse, T>(p, p.q, tb, ts, angles.cos(), angles.sin(), uniform);
-          rotate_heads_uniform<kInverse, T>(p, p.k, tb, ts, angles.cos(), angles.sin(), uniform);
+          const M* c = angles.cos();
+          const M* sn = angles.sin();
+          if constexpr (std::is_same_v<M, float>) {
+            if (order) order(c, C, pairs), order(sn, S, pairs), c = C, sn = S;
+          }
+          rotate_heads_uniform<kInverse, T>(p, p.q, tb, ts, c, sn, uniform);
+          rotate_heads_uniform<kInverse, T>(p, p.k, tb, ts, c, sn, uniform);
           continue;
         }
         factor_rows.from_math(angles.sin(), angles.cos(), pairs);
@@ -167,7 +176,7 @@ bool streams_output(const RopeProblem& p, int64_t bytes, int64_t element) {
 template <typename T, bool kInterleaved, bool kInverse>
 void run_typed(const RopeProblem& p) {
   RotateRowFn simd = nullptr;
-  OrderFactorsFn order = nullptr;
+  OrderRowFn order = nullptr;
   RotateUniformFn uniform = nullptr;  // half-split from frequencies only
   const int64_t tokens = p.batch * p.seq;
   const int64_t per_token = std::max<int64_t>((p.q.heads + p.k.heads) * p.head_dim, 1);  // elements
@@ -179,7 +188,7 @@ void run_typed(const RopeProblem& p) {
     const bool wide = cpu_vector_width().wide(kRowDtype<T>, bytes);
     if (const RowKernels* k = row_kernels(cpu_isa(), prefetch, stream, wide)) {
       simd = k->rotate[kRowDtype<T>][kInterleaved ? 1 : 0];
-      order = k->order[kRowDtype<T>][kInterleaved ? 1 : 0];
+      order = k->order[kRowDtype<T>];
       if (!kInterleaved && p.inv_freq) uniform = k->uniform[kRowDtype<T>][kInverse ? 1 : 0];
     }
   }

@@ -9,6 +9,7 @@
 // (no FMA: the library is built with -ffp-contract=off) and the same roundings on store: F16C and
 // the integer round-to-nearest-even below are those of c10::Half and from_math<c10::BFloat16>.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 #if defined(__x86_64__) || defined(_M_X64)
@@ -73,14 +74,14 @@ struct Avx2 {
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
   static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
   static F swap_pairs(F x) { return _mm256_permute_ps(x, 0xB1); }  // (x0,x1,x2,x3) -> (x1,x0,x3,x2)
-  // 16 floats at p as (even elements, odd elements) written back in place, for even_odd_factors.
-  static void split_even_odd(float* p) {
-    const __m256 v0 = _mm256_loadu_ps(p), v1 = _mm256_loadu_ps(p + 8);
+  // 16 floats at src as (even elements, odd elements) at dst (src may equal dst), for even_odd_row.
+  static void split_even_odd(const float* src, float* dst) {
+    const __m256 v0 = _mm256_loadu_ps(src), v1 = _mm256_loadu_ps(src + 8);
     // shuffle_ps works per 128-bit lane: (0,2,8,10 | 4,6,12,14), then the middle quadwords swap.
     const __m256 even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(v0, v1, 0x88)), 0xD8));
     const __m256 odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(v0, v1, 0xDD)), 0xD8));
-    _mm256_storeu_ps(p, even);
-    _mm256_storeu_ps(p + 8, odd);
+    _mm256_storeu_ps(dst, even);
+    _mm256_storeu_ps(dst + 8, odd);
   }
 };
 
@@ -135,8 +136,8 @@ struct Io<Avx2, BFloat16> {
     const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
     put<kStream>(p, _mm256_castsi256_si128(packed));
   }
-  // 16 values as two vectors of the even and of the odd elements (kEvenOdd: the factor rows are
-  // reordered to match, even_odd_factors): a bf16 is the high half of a float32, so this is a shift
+  // 16 values as two vectors of the even and of the odd elements (kEvenOdd: the rows the kernels
+  // read are reordered to match, even_odd_row): a bf16 is the high half of a float32, so this is a shift
   // and a mask on load, and on store the rounded odd values keep their high halves in place while
   // the even ones shift down (no widening, packing or cross-lane permute).
   static constexpr bool kEvenOdd = true;
@@ -294,7 +295,7 @@ struct Moves {
 // rotate_row). Interleaved, j runs over the row and the partner vector is x with each pair swapped;
 // half-split, j runs over the first half and the partner of a = row[j] is b = row[j + pairs].
 // With an even/odd policy (K = 2) the two vectors hold the even and the odd elements of 2W, so the
-// interleaved partner of one is the other, and the factor rows are in that order (even_odd_factors).
+// interleaved partner of one is the other, and the factor rows are in that order (even_odd_row).
 // Always inlined: GCC otherwise keeps the two-vector step as a call per step (seen in a profile),
 // about 10% of the fp32 time.
 template <class I, class D, bool kInterleaved, class Mv, int K>
@@ -345,9 +346,9 @@ int64_t rotate_row_simd(const void* src_v, void* dst_v, int64_t rows, int64_t sr
 
 // isa.h, RotateUniformFn: half-split rows with the pair's cos c[i] and sin s[i] read directly
 // (core/rope.h, rotate_row_uniform: a*c - b*s, b*c + a*s, the inverse with the signs swapped; the
-// same bits as rotate_row with set_factors, since adding b * (-s) is subtracting b * s). Plain
-// per-vector loads and stores: an even/odd policy would need its cos/sin reordered (kUniform gives
-// it none).
+// same bits as rotate_row with set_factors, since adding b * (-s) is subtracting b * s). Vectors
+// move one at a time, or two at a time with an even/odd policy (its c and s reordered to match:
+// even_odd_row); storing the two vectors of AVX512-BF16 in one conversion measured no faster.
 template <class I, class D, bool kInverse, class Mv, int K>
 [[gnu::always_inline]] inline void rotate_block_uniform(const typename D::T* src, typename D::T* dst, int64_t j,
                                                         int64_t pairs, const float* c, const float* s,
@@ -355,19 +356,26 @@ template <class I, class D, bool kInverse, class Mv, int K>
   using IO = Io<I, D>;
   constexpr int W = I::kLanes;
   constexpr int kBytes = K * W * sizeof(typename D::T);
+  constexpr int kMove = K % 2 == 0 && kEvenOdd<IO> ? 2 : 1;
   prefetch_ahead<Mv::kPrefetch>(src + j, kBytes, distance);
   prefetch_ahead<Mv::kPrefetch>(src + pairs + j, kBytes, distance);
-  for (int k = 0; k < K; ++k) {
+  for (int k = 0; k < K; k += kMove) {
     const int64_t e = j + k * W;
-    const auto a = IO::load(src + e), b = IO::load(src + pairs + e);
-    const auto cv = I::loadf(c + e), sv = I::loadf(s + e);
-    if constexpr (!kInverse) {
-      IO::template store<Mv::kStream>(dst + e, I::sub(I::mul(a, cv), I::mul(b, sv)));
-      IO::template store<Mv::kStream>(dst + pairs + e, I::add(I::mul(b, cv), I::mul(a, sv)));
-    } else {
-      IO::template store<Mv::kStream>(dst + e, I::add(I::mul(a, cv), I::mul(b, sv)));
-      IO::template store<Mv::kStream>(dst + pairs + e, I::sub(I::mul(b, cv), I::mul(a, sv)));
+    typename I::F a[kMove], b[kMove], out_a[kMove], out_b[kMove];
+    load_n<I, IO>(src + e, a);
+    load_n<I, IO>(src + pairs + e, b);
+    for (int m = 0; m < kMove; ++m) {
+      const auto cv = I::loadf(c + e + m * W), sv = I::loadf(s + e + m * W);
+      if constexpr (!kInverse) {
+        out_a[m] = I::sub(I::mul(a[m], cv), I::mul(b[m], sv));
+        out_b[m] = I::add(I::mul(b[m], cv), I::mul(a[m], sv));
+      } else {
+        out_a[m] = I::add(I::mul(a[m], cv), I::mul(b[m], sv));
+        out_b[m] = I::sub(I::mul(b[m], cv), I::mul(a[m], sv));
+      }
     }
+    store_n<I, IO, Mv::kStream>(dst + e, out_a);
+    store_n<I, IO, Mv::kStream>(dst + pairs + e, out_b);
   }
 }
 
@@ -393,53 +401,37 @@ int64_t rotate_row_simd_uniform(const void* src_v, void* dst_v, int64_t rows, in
   return full;
 }
 
-// Every policy in row order: against the in-place memory floor these measured faster than the
-// factor rows (fp16 ~5-10%, benchmarks/micro/rope_rows.cpp; float32 ~17% on cache-resident decode
-// batches and as fast from DRAM; bf16 on the AVX-512 paths as fast with many heads and 15-20% faster
-// with one, whose per-token factor rows were a fifth of its time: benchmarks/RESULTS.md). An even/odd
-// policy (AVX2's bf16) keeps its factor rows: in row order its stores measured ~45% slower.
-template <class I, class D, class Mv, bool kInverse>
-constexpr RotateUniformFn uniform_rows() {
-  if constexpr (kEvenOdd<Io<I, D>>) {
-    return nullptr;  // (not instantiated: no kernel for the path that never calls it)
-  } else {
-    return rotate_row_simd_uniform<I, D, kInverse, Mv>;
-  }
-}
-
+// Every policy: against the in-place memory floor these measured faster than the factor rows
+// (fp16 ~5-10%, benchmarks/micro/rope_rows.cpp; float32 ~17% on cache-resident decode batches and
+// as fast from DRAM; bf16 on the AVX-512 paths as fast with many heads and 15-20% faster with one,
+// whose per-token factor rows were a fifth of its time; AVX2's even/odd bf16 likewise, with its
+// cos and sin reordered per token: benchmarks/RESULTS.md).
 template <class I, class D, class Mv>
-constexpr RotateUniformFn kUniform[2] = {uniform_rows<I, D, Mv, false>(), uniform_rows<I, D, Mv, true>()};
+constexpr RotateUniformFn kUniform[2] = {rotate_row_simd_uniform<I, D, false, Mv>,
+                                         rotate_row_simd_uniform<I, D, true, Mv>};
 
-// isa.h, OrderFactorsFn: for an even/odd policy, the factor entries its two-vector steps read
-// (blocks of 2W from the start of the row, or of each half) reordered as (even elements, odd
-// elements) per block; the rest stay in row order for the single-vector steps and rotate_row.
-template <class I, bool kInterleaved>
-void even_odd_factors(float* C, float* S, int64_t pairs) {
+// isa.h, OrderRowFn, for an even/odd policy: the entries its two-vector steps read (blocks of 2W
+// from the start of the row) as (even elements, odd elements) per block; the rest in row order for
+// the single-vector steps and the portable loops.
+template <class I>
+void even_odd_row(const float* src, float* dst, int64_t n) {
   constexpr int W = I::kLanes;
-  const int64_t n = kInterleaved ? 2 * pairs : pairs;
   const int64_t twos = n / (2 * W) * (2 * W);
-  for (int half = 0; half < (kInterleaved ? 1 : 2); ++half) {
-    for (int64_t j = half * pairs; j < half * pairs + twos; j += 2 * W) {
-      I::split_even_odd(C + j);
-      I::split_even_odd(S + j);
-    }
-  }
+  for (int64_t j = 0; j < twos; j += 2 * W) I::split_even_odd(src + j, dst + j);
+  if (src != dst) std::copy(src + twos, src + n, dst + twos);
 }
 
 template <class I, class D, class Mv>
 constexpr RotateRowFn kRotate[2] = {rotate_row_simd<I, D, false, Mv>, rotate_row_simd<I, D, true, Mv>};
 
-template <class I, class D, bool kInterleaved>
-constexpr OrderFactorsFn order_factors() {
+template <class I, class D>
+constexpr OrderRowFn order_row() {
   if constexpr (kEvenOdd<Io<I, D>>) {
-    return even_odd_factors<I, kInterleaved>;
+    return even_odd_row<I>;
   } else {
-    return nullptr;  // factor rows in row order
+    return nullptr;  // rows read in row order
   }
 }
-
-template <class I, class D>
-constexpr OrderFactorsFn kOrder[2] = {order_factors<I, D, false>(), order_factors<I, D, true>()};
 
 // The vectors a path uses for element type D: its own, or narrower ones that measured faster.
 template <class I, class D>
@@ -475,9 +467,7 @@ template <class I, class Mv, class H = typename RowIsa<I, Half>::type, class F =
 constexpr RowKernels kRowKernels = {{{kRotate<F, Float, Mv>[0], kRotate<F, Float, Mv>[1]},
                                      {kRotate<B, BFloat16, Mv>[0], kRotate<B, BFloat16, Mv>[1]},
                                      {kRotate<H, Half, Mv>[0], kRotate<H, Half, Mv>[1]}},
-                                    {{kOrder<F, Float>[0], kOrder<F, Float>[1]},
-                                     {kOrder<B, BFloat16>[0], kOrder<B, BFloat16>[1]},
-                                     {kOrder<H, Half>[0], kOrder<H, Half>[1]}},
+                                    {order_row<F, Float>(), order_row<B, BFloat16>(), order_row<H, Half>()},
                                     {{kUniform<F, Float, Mv>[0], kUniform<F, Float, Mv>[1]},
                                      {kUniform<B, BFloat16, Mv>[0], kUniform<B, BFloat16, Mv>[1]},
                                      {kUniform<H, Half, Mv>[0], kUniform<H, Half, Mv>[1]}}};

@@ -426,6 +426,7 @@ constexpr RotateRowFn kRotate[2] = {rotate_row_simd<I, D, false, Mv>, rotate_row
 
 template <class I, class D>
 constexpr OrderRowFn order_row() {
+  static_assert(std::is_same_v<D, BFloat16> || !kEvenOdd<Io<I, D>>, "rope_cpu.cpp reorders only bf16 rows");
   if constexpr (kEvenOdd<Io<I, D>>) {
     return even_odd_row<I>;
   } else {

@@ -54,6 +54,22 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
             sin = torch.randn(2, seq, rot, generator=g).to(dtype)
             for inverse in (False, True):
                 out += list(torch.ops.posenc.rope_cos_sin(q, k, cos, sin, None, "bshd", inverse))
+    # axis layouts (MRoPE): one axis per pair (sections) or frequencies mixing the axes (every row
+    # direct); positions of an image's patches ([axes, batch, seq]) or of text (every axis one id)
+    for head_dim in (128, 40):
+        pairs = head_dim // 2
+        base = 1.0 / 10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        sections = torch.zeros(3, pairs, dtype=torch.float64)
+        sections[torch.arange(pairs) * 3 // pairs, torch.arange(pairs)] = 1.0
+        q = torch.randn(2, 40, 4, head_dim, generator=g).to(dtype)
+        k = torch.randn(2, 40, 2, head_dim, generator=g).to(dtype)
+        patch = torch.arange(40)
+        image = torch.stack([torch.full((40,), 7), 100 + patch // 8, 100 + patch % 8])[:, None].expand(3, 2, 40)
+        text = torch.randint(0, 1 << 20, (2, 40), generator=g)
+        for inv in (base * sections, base * torch.rand(3, pairs, generator=g, dtype=torch.float64)):
+            for pos in (image, text):
+                for interleaved in (False, True):
+                    out += list(torch.ops.posenc.rope(q, k, pos, None, inv, 1.0, interleaved, "bshd", 0, False))
 torch.save(out, sys.argv[1])
 """
 

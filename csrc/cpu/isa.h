@@ -49,14 +49,15 @@ using RotateRowFn = int64_t (*)(const void* src, void* dst, int64_t rows, int64_
 // Copies n floats of a row the kernels read (a factor row, or each half of a half-split one; a
 // cos or a sin row) from src to dst (or reorders them in place: src == dst) into the order a
 // kernel with an even/odd policy reads them (simd_rows.h): each block of two vectors from the
-// start as (even elements, odd elements), the rest in row order, as rotate_row reads them. Once
-// per token, before the rows that use it. nullptr: the kernels read rows in row order.
+// start as (even elements, odd elements), the rest in row order, as rotate_row reads them. The
+// factor rows are reordered once per token; cos and sin rows come in this order from frequencies
+// in this order (rope_cpu.cpp, frequencies_in_order). nullptr: the kernels read rows in row order.
 using OrderRowFn = void (*)(const float* src, float* dst, int64_t n);
 
 // A SIMD row kernel for half-split pairs and one cos/sin row indexed by pair (angles from
 // frequencies, as core/rope.h rotate_row_uniform, same bits): two factor loads per block of pairs
 // instead of four, and no per-token factor rows. Same contract as RotateRowFn otherwise (cos and
-// sin in order[] too).
+// sin in the order of order[]).
 using RotateUniformFn = int64_t (*)(const void* src, void* dst, int64_t rows, int64_t src_stride,
                                     int64_t dst_stride, int64_t pairs, const float* cos, const float* sin);
 

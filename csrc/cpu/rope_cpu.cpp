@@ -3,6 +3,7 @@
 // for all q and k heads, each head row rotated by the SIMD kernel of the CPU path (isa.h) and
 // finished by the portable loop.
 #include <cstring>
+#include <numeric>
 #include <type_traits>
 
 #include "cpu/isa.h"
@@ -83,6 +84,22 @@ struct FactorRows {
   }
 };
 
+// The frequencies (n_axes rows of `pairs`) with each row's pairs in the order `order` puts a row
+// in: the angle stream's rows, elementwise in the pairs, then come out in the order an even/odd
+// kernel reads its cos and sin, with the same values. Reordering the rows per token instead took
+// ~8 ns a token, 14% of a one-head bf16 prefill on the AVX2 path. The order as a permutation:
+// `order` applied to the indices 0, 1, ... (exact in float).
+const double* frequencies_in_order(OrderRowFn order, const double* freq, int64_t pairs, int64_t n_axes) {
+  float* index = thread_rows<float, kFrequencies>(pairs);
+  std::iota(index, index + pairs, 0.0f);
+  order(index, index, pairs);
+  double* ordered = thread_rows<double, kFrequencies>(n_axes * pairs);
+  for (int64_t a = 0; a < n_axes; ++a) {
+    for (int64_t j = 0; j < pairs; ++j) ordered[a * pairs + j] = freq[a * pairs + static_cast<int64_t>(index[j])];
+  }
+  return ordered;
+}
+
 // Tokens [begin, end): per token the factor rows of every pair, then every q and k head rotated with them.
 template <typename T, bool kInterleaved, bool kInverse>
 POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, OrderRowFn order,
@@ -95,14 +112,13 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
   const int64_t row_len = (p.rot_dim + kAlign - 1) / kAlign * kAlign;
   // One cos/sin row per token, no factor rows: half-split float32 (SIMD kernel or, on the portable
   // path, the compiled loop) and the dtypes whose path has a uniform kernel. Interleaved rows use
-  // the factor rows with every dtype (cpu/isa.h). C and S: the factor rows, or the cos and sin
-  // rows in the order an even/odd kernel reads them.
+  // the factor rows with every dtype (cpu/isa.h).
   const bool uniform_rows = !kInterleaved && p.inv_freq && (std::is_same_v<T, float> || uniform);
   // Only bf16 rows have an even/odd policy (AVX2's; simd_rows.h, order_row): the other dtypes'
   // loops are compiled without the reordering (its code in the fp16 loop measured ~2-5% slower).
   constexpr bool kMayReorder = std::is_same_v<T, c10::BFloat16>;
-  M* C = uniform_rows && !(kMayReorder && order) ? nullptr : thread_rows<M, kFactorRows>(2 * row_len);
-  M* S = C ? C + row_len : nullptr;
+  M* C = uniform_rows ? nullptr : thread_rows<M, kFactorRows>(2 * row_len);
+  M* S = uniform_rows ? nullptr : C + row_len;
   const auto rotate_token = [&](int64_t b, int64_t s) {
     if constexpr (kMayReorder) {
       if (order && kInterleaved) order(C, C, 2 * pairs), order(S, S, 2 * pairs);
@@ -120,8 +136,12 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
     if (++ts == p.seq) ts = 0, ++tb;
   };
   if (p.inv_freq) {  // angles from frequencies, once per token, advanced along consecutive positions
+    const double* freq = p.inv_freq;
+    if constexpr (kMayReorder) {
+      if (order && uniform_rows) freq = frequencies_in_order(order, freq, pairs, p.n_axes);
+    }
     // Positions without an axis dim (stride 0) give every axis the same id (text tokens).
-    SinCosStream<M> angles(p.inv_freq, pairs, static_cast<M>(p.attention_factor), p.n_axes, p.pos_stride_a == 0);
+    SinCosStream<M> angles(freq, pairs, static_cast<M>(p.attention_factor), p.n_axes, p.pos_stride_a == 0);
     const auto position_of = [&](int64_t a) { return p.position(tb, ts, a); };  // token (tb, ts) on axis a
     const FactorRows<kInterleaved, kInverse, M> factor_rows{C, S};
     // Interleaved rows get their factor rows in the stream's own pass. Half-split rows keep the
@@ -133,13 +153,8 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
       } else {
         angles.at(position_of);
         if (uniform_rows) {
-          const M* c = angles.cos();
-          const M* sn = angles.sin();
-          if constexpr (kMayReorder) {
-            if (order) order(c, C, pairs), order(sn, S, pairs), c = C, sn = S;
-          }
-          rotate_heads_uniform<kInverse, T>(p, p.q, tb, ts, c, sn, uniform);
-          rotate_heads_uniform<kInverse, T>(p, p.k, tb, ts, c, sn, uniform);
+          rotate_heads_uniform<kInverse, T>(p, p.q, tb, ts, angles.cos(), angles.sin(), uniform);
+          rotate_heads_uniform<kInverse, T>(p, p.k, tb, ts, angles.cos(), angles.sin(), uniform);
           continue;
         }
         factor_rows.from_math(angles.sin(), angles.cos(), pairs);

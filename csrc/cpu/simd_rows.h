@@ -347,8 +347,8 @@ int64_t rotate_row_simd(const void* src_v, void* dst_v, int64_t rows, int64_t sr
 // isa.h, RotateUniformFn: half-split rows with the pair's cos c[i] and sin s[i] read directly
 // (core/rope.h, rotate_row_uniform: a*c - b*s, b*c + a*s, the inverse with the signs swapped; the
 // same bits as rotate_row with set_factors, since adding b * (-s) is subtracting b * s). Vectors
-// move one at a time, or two at a time with an even/odd policy (its c and s reordered to match:
-// even_odd_row); storing the two vectors of AVX512-BF16 in one conversion measured no faster.
+// move one at a time, or two at a time with an even/odd policy (c and s then in even_odd_row's
+// order); storing the two vectors of AVX512-BF16 in one conversion measured no faster.
 template <class I, class D, bool kInverse, class Mv, int K>
 [[gnu::always_inline]] inline void rotate_block_uniform(const typename D::T* src, typename D::T* dst, int64_t j,
                                                         int64_t pairs, const float* c, const float* s,
@@ -404,8 +404,8 @@ int64_t rotate_row_simd_uniform(const void* src_v, void* dst_v, int64_t rows, in
 // Every policy: against the in-place memory floor these measured faster than the factor rows
 // (fp16 ~5-10%, benchmarks/micro/rope_rows.cpp; float32 ~17% on cache-resident decode batches and
 // as fast from DRAM; bf16 on the AVX-512 paths as fast with many heads and 15-20% faster with one,
-// whose per-token factor rows were a fifth of its time; AVX2's even/odd bf16 likewise, with its
-// cos and sin reordered per token: benchmarks/RESULTS.md).
+// whose per-token factor rows were a fifth of its time; AVX2's even/odd bf16 ~30% faster with one:
+// benchmarks/RESULTS.md).
 template <class I, class D, class Mv>
 constexpr RotateUniformFn kUniform[2] = {rotate_row_simd_uniform<I, D, false, Mv>,
                                          rotate_row_simd_uniform<I, D, true, Mv>};

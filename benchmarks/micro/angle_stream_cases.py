@@ -5,6 +5,7 @@ interleaved, decode at random positions (B=1, 64) and alternating two configs, s
 add_sinusoidal, and MRoPE image patches.
 
     python benchmarks/micro/angle_stream_cases.py
+    POSENC_CPU_ISA=avx2 python benchmarks/micro/angle_stream_cases.py   # the AVX2 path's rows
 
 For a before/after comparison run it with each build's package first on PYTHONPATH, in turns
 (two op libraries cannot load into one process), and compare the minimum over the turns.

@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
   }
   const RowKernels& kernels = *kRowKernelsFor<Avx2>[1][0];
   const RotateRowFn interleaved = kernels.rotate[kRowFloat][1];
-  const RotateUniformFn half_split = kernels.uniform[kRowFloat][0];
+  const RotateUniformFn half_split = kernels.uniform[kRowFloat][0][0];
   float* qp = q.data();
   float* kp = k.data();
 

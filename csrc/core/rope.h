@@ -215,17 +215,17 @@ inline void rotate_row(const T* src, T* dst, int64_t pairs, const M* __restrict_
 }
 
 
-// rotate_row for half-split pairs and factors from one cos/sin row (c1 = c2 = c[i], s1 = s2 = s[i],
-// indexed by pair: angles from frequencies), with the same bits: adding b * (-s) is subtracting b * s. It reads c
+// rotate_row with factors from one cos/sin row (c1 = c2 = c[i], s1 = s2 = s[i], indexed by pair:
+// angles from frequencies), with the same bits: adding b * (-s) is subtracting b * s. It reads c
 // and s as the angle stream leaves them (no per-token set_factors pass), two factor loads per pair
 // instead of four. The CPU runs it for what the SIMD uniform kernels (cpu/simd_rows.h) leave: the
 // tail of a row, and half-split float32 rows on the portable path.
-template <bool kInverse, typename T, typename M>
+template <bool kInterleaved, bool kInverse, typename T, typename M>
 inline void rotate_row_uniform(const T* src, T* dst, int64_t pairs, const M* __restrict__ c,
                                const M* __restrict__ s, int64_t first_pair = 0) {
 #pragma GCC ivdep
   for (int64_t i = first_pair; i < pairs; ++i) {  // in place: as in rotate_row
-    const int64_t ia = i, ib = i + pairs;
+    const int64_t ia = kInterleaved ? 2 * i : i, ib = kInterleaved ? 2 * i + 1 : i + pairs;
     const M a = to_math<M>(src[ia]);
     const M b = to_math<M>(src[ib]);
     if constexpr (!kInverse) {

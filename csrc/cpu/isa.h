@@ -54,10 +54,10 @@ using RotateRowFn = int64_t (*)(const void* src, void* dst, int64_t rows, int64_
 // in this order (rope_cpu.cpp, frequencies_in_order). nullptr: the kernels read rows in row order.
 using OrderRowFn = void (*)(const float* src, float* dst, int64_t n);
 
-// A SIMD row kernel for half-split pairs and one cos/sin row indexed by pair (angles from
-// frequencies, as core/rope.h rotate_row_uniform, same bits): two factor loads per block of pairs
-// instead of four, and no per-token factor rows. Same contract as RotateRowFn otherwise (cos and
-// sin in the order of order[]).
+// A SIMD row kernel for one cos/sin row indexed by pair (angles from frequencies, as core/rope.h
+// rotate_row_uniform, same bits): two factor loads per block of pairs instead of four, and no
+// per-token factor rows. Same contract as RotateRowFn otherwise (half-split: cos and sin in the
+// order of order[]; interleaved: in pair order).
 using RotateUniformFn = int64_t (*)(const void* src, void* dst, int64_t rows, int64_t src_stride,
                                     int64_t dst_stride, int64_t pairs, const float* cos, const float* sin);
 
@@ -66,7 +66,7 @@ enum RowDtype : int { kRowFloat = 0, kRowBFloat16 = 1, kRowHalf = 2 };
 struct RowKernels {
   RotateRowFn rotate[3][2];          // [RowDtype][interleaved]
   OrderRowFn order[3];               // [RowDtype]: the order both kinds of kernel read their rows in
-  RotateUniformFn uniform[3][2];     // [RowDtype][inverse], half-split
+  RotateUniformFn uniform[3][2][2];  // [RowDtype][interleaved][inverse]; interleaved: even/odd policies only
 };
 
 // The row kernels of each SIMD path, with or without prefetch, with or without non-temporal stores

@@ -1,7 +1,7 @@
 // CPU kernels of the RoPE ops: tokens in parallel; per token the cos/sin of every pair is formed
-// once (from inv_freq, or read from the given table) into factor rows C/S (core/rope.h) and reused
-// for all q and k heads, each head row rotated by the SIMD kernel of the CPU path (isa.h) and
-// finished by the portable loop.
+// once (from inv_freq, or read from the given table), as one cos/sin row or as factor rows C/S
+// (core/rope.h), and reused for all q and k heads, each head row rotated by the SIMD kernel of the
+// CPU path (isa.h) and finished by the portable loop.
 #include <cstring>
 #include <numeric>
 #include <type_traits>
@@ -39,10 +39,10 @@ void rotate_heads(const RopeProblem& p, const RopeOperand& o, int64_t b, int64_t
   }
 }
 
-// rotate_heads for half-split pairs with one cos/sin row indexed by pair (angles from frequencies):
-// first the SIMD kernel `simd` where the path has one (isa.h, RotateUniformFn; simd_rows.h, kUniform),
-// then rotate_row_uniform for the rest.
-template <bool kInverse, typename T, typename M>
+// rotate_heads with one cos/sin row indexed by pair (angles from frequencies): first the SIMD kernel
+// `simd` where the path has one (isa.h, RotateUniformFn; simd_rows.h, kUniform), then
+// rotate_row_uniform for the rest.
+template <bool kInterleaved, bool kInverse, typename T, typename M>
 inline void rotate_heads_uniform(const RopeProblem& p, const RopeOperand& o, int64_t b, int64_t s, const M* c,
                                  const M* sn, RotateUniformFn simd = nullptr) {
   const T* src = static_cast<const T*>(o.src) + b * o.src_stride_b + s * o.src_stride_s;
@@ -57,7 +57,7 @@ inline void rotate_heads_uniform(const RopeProblem& p, const RopeOperand& o, int
     for (int64_t h = 0; h < o.heads; ++h) {
       const T* src_row = src + h * o.src_stride_h;
       T* dst_row = dst + h * o.dst_stride_h;
-      rotate_row_uniform<kInverse>(src_row, dst_row, p.pairs(), c, sn, first_pair);
+      rotate_row_uniform<kInterleaved, kInverse>(src_row, dst_row, p.pairs(), c, sn, first_pair);
       if (pass > 0) std::memcpy(dst_row + p.rot_dim, src_row + p.rot_dim, pass * sizeof(T));
     }
   };
@@ -110,17 +110,19 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
   // where rows are rotated with one cos/sin per pair), in this thread's buffer (sincos_stream.h).
   constexpr int64_t kAlign = 64 / sizeof(M);
   const int64_t row_len = (p.rot_dim + kAlign - 1) / kAlign * kAlign;
-  // One cos/sin row per token, no factor rows: half-split float32 (SIMD kernel or, on the portable
-  // path, the compiled loop) and the dtypes whose path has a uniform kernel. Interleaved rows use
-  // the factor rows with every dtype (cpu/isa.h).
-  const bool uniform_rows = !kInterleaved && p.inv_freq && (std::is_same_v<T, float> || uniform);
   // Only bf16 rows have an even/odd policy (AVX2's; simd_rows.h, order_row): the other dtypes'
-  // loops are compiled without the reordering (its code in the fp16 loop measured ~2-5% slower).
-  constexpr bool kMayReorder = std::is_same_v<T, c10::BFloat16>;
+  // loops are compiled without its reordering and its interleaved uniform rows (the reordering's
+  // code in the fp16 loop measured ~2-5% slower).
+  constexpr bool kMayBeEvenOdd = std::is_same_v<T, c10::BFloat16>;
+  // One cos/sin row per token, no factor rows: half-split float32 (SIMD kernel or, on the portable
+  // path, the compiled loop) and the dtypes whose path has a uniform kernel; interleaved, the
+  // even/odd policy's. The other interleaved rows use the factor rows (cpu/isa.h).
+  const bool uniform_rows =
+      p.inv_freq && (kInterleaved ? kMayBeEvenOdd && uniform : std::is_same_v<T, float> || uniform);
   M* C = uniform_rows ? nullptr : thread_rows<M, kFactorRows>(2 * row_len);
   M* S = uniform_rows ? nullptr : C + row_len;
   const auto rotate_token = [&](int64_t b, int64_t s) {
-    if constexpr (kMayReorder) {
+    if constexpr (kMayBeEvenOdd) {
       if (order && kInterleaved) order(C, C, 2 * pairs), order(S, S, 2 * pairs);
       if (order && !kInterleaved) {  // each half of each row
         for (M* half : {C, C + pairs, S, S + pairs}) order(half, half, pairs);
@@ -137,26 +139,27 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
   };
   if (p.inv_freq) {  // angles from frequencies, once per token, advanced along consecutive positions
     const double* freq = p.inv_freq;
-    if constexpr (kMayReorder) {
+    if constexpr (kMayBeEvenOdd && !kInterleaved) {
       if (order && uniform_rows) freq = frequencies_in_order(order, freq, pairs, p.n_axes);
     }
     // Positions without an axis dim (stride 0) give every axis the same id (text tokens).
     SinCosStream<M> angles(freq, pairs, static_cast<M>(p.attention_factor), p.n_axes, p.pos_stride_a == 0);
     const auto position_of = [&](int64_t a) { return p.position(tb, ts, a); };  // token (tb, ts) on axis a
     const FactorRows<kInterleaved, kInverse, M> factor_rows{C, S};
-    // Interleaved rows get their factor rows in the stream's own pass. Half-split rows keep the
+    // Interleaved factor rows are written in the stream's own pass. Half-split rows keep the
     // stream's math rows (the uniform kernels read them): a second stream output in this function
     // cost the half-split loop registers, ~12 ns a token (benchmarks/RESULTS.md).
     for (int64_t t = begin; t < end; ++t, next_token()) {
+      if (uniform_rows) {
+        angles.at(position_of);
+        rotate_heads_uniform<kInterleaved, kInverse, T>(p, p.q, tb, ts, angles.cos(), angles.sin(), uniform);
+        rotate_heads_uniform<kInterleaved, kInverse, T>(p, p.k, tb, ts, angles.cos(), angles.sin(), uniform);
+        continue;
+      }
       if constexpr (kInterleaved) {
         angles.at(position_of, factor_rows);
       } else {
         angles.at(position_of);
-        if (uniform_rows) {
-          rotate_heads_uniform<kInverse, T>(p, p.q, tb, ts, angles.cos(), angles.sin(), uniform);
-          rotate_heads_uniform<kInverse, T>(p, p.k, tb, ts, angles.cos(), angles.sin(), uniform);
-          continue;
-        }
         factor_rows.from_math(angles.sin(), angles.cos(), pairs);
       }
       rotate_token(tb, ts);
@@ -195,7 +198,7 @@ template <typename T, bool kInterleaved, bool kInverse>
 void run_typed(const RopeProblem& p) {
   RotateRowFn simd = nullptr;
   OrderRowFn order = nullptr;
-  RotateUniformFn uniform = nullptr;  // half-split from frequencies only
+  RotateUniformFn uniform = nullptr;  // from frequencies only
   const int64_t tokens = p.batch * p.seq;
   const int64_t per_token = std::max<int64_t>((p.q.heads + p.k.heads) * p.head_dim, 1);  // elements
   bool stream = false;
@@ -207,7 +210,7 @@ void run_typed(const RopeProblem& p) {
     if (const RowKernels* k = row_kernels(cpu_isa(), prefetch, stream, wide)) {
       simd = k->rotate[kRowDtype<T>][kInterleaved ? 1 : 0];
       order = k->order[kRowDtype<T>];
-      if (!kInterleaved && p.inv_freq) uniform = k->uniform[kRowDtype<T>][kInverse ? 1 : 0];
+      if (p.inv_freq) uniform = k->uniform[kRowDtype<T>][kInterleaved ? 1 : 0][kInverse ? 1 : 0];
     }
   }
   const int64_t grain = std::max<int64_t>(1, 32768 / per_token);

@@ -344,12 +344,27 @@ int64_t rotate_row_simd(const void* src_v, void* dst_v, int64_t rows, int64_t sr
   return kInterleaved ? full / 2 : full;
 }
 
-// isa.h, RotateUniformFn: half-split rows with the pair's cos c[i] and sin s[i] read directly
-// (core/rope.h, rotate_row_uniform: a*c - b*s, b*c + a*s, the inverse with the signs swapped; the
-// same bits as rotate_row with set_factors, since adding b * (-s) is subtracting b * s). Vectors
-// move one at a time, or two at a time with an even/odd policy (c and s then in even_odd_row's
-// order); storing the two vectors of AVX512-BF16 in one conversion measured no faster.
-template <class I, class D, bool kInverse, class Mv, int K>
+// One vector of pairs' first elements a and one of their second elements b, rotated by the pairs'
+// cos c and sin s: a*c - b*s, b*c + a*s (core/rope.h, rotate_row_uniform), the inverse with the
+// signs swapped.
+template <class I, bool kInverse, class F>
+[[gnu::always_inline]] inline void rotate_uniform(F a, F b, F c, F s, F& out_a, F& out_b) {
+  if constexpr (!kInverse) {
+    out_a = I::sub(I::mul(a, c), I::mul(b, s));
+    out_b = I::add(I::mul(b, c), I::mul(a, s));
+  } else {
+    out_a = I::add(I::mul(a, c), I::mul(b, s));
+    out_b = I::sub(I::mul(b, c), I::mul(a, s));
+  }
+}
+
+// isa.h, RotateUniformFn: K vectors of rows from element j with the pairs' cos c[i] and sin s[i]
+// read directly (the same bits as rotate_row with set_factors, since adding b * (-s) is subtracting
+// b * s). Half-split, j runs over the first half and c, s along with it: vectors move one at a
+// time, or two at a time with an even/odd policy (c and s then in even_odd_row's order); storing
+// the two vectors of AVX512-BF16 in one conversion measured no faster. Interleaved (even/odd
+// policies only) the two vectors of 2W elements are the a and the b of W pairs, from pair j / 2.
+template <class I, class D, bool kInterleaved, bool kInverse, class Mv, int K>
 [[gnu::always_inline]] inline void rotate_block_uniform(const typename D::T* src, typename D::T* dst, int64_t j,
                                                         int64_t pairs, const float* c, const float* s,
                                                         int64_t distance) {
@@ -357,48 +372,52 @@ template <class I, class D, bool kInverse, class Mv, int K>
   constexpr int W = I::kLanes;
   constexpr int kBytes = K * W * sizeof(typename D::T);
   constexpr int kMove = K % 2 == 0 && kEvenOdd<IO> ? 2 : 1;
+  static_assert(!kInterleaved || kMove == 2, "interleaved rows need an even/odd policy's pairs of vectors");
   prefetch_ahead<Mv::kPrefetch>(src + j, kBytes, distance);
-  prefetch_ahead<Mv::kPrefetch>(src + pairs + j, kBytes, distance);
+  if constexpr (!kInterleaved) prefetch_ahead<Mv::kPrefetch>(src + pairs + j, kBytes, distance);
   for (int k = 0; k < K; k += kMove) {
     const int64_t e = j + k * W;
     typename I::F a[kMove], b[kMove], out_a[kMove], out_b[kMove];
     load_n<I, IO>(src + e, a);
-    load_n<I, IO>(src + pairs + e, b);
-    for (int m = 0; m < kMove; ++m) {
-      const auto cv = I::loadf(c + e + m * W), sv = I::loadf(s + e + m * W);
-      if constexpr (!kInverse) {
-        out_a[m] = I::sub(I::mul(a[m], cv), I::mul(b[m], sv));
-        out_b[m] = I::add(I::mul(b[m], cv), I::mul(a[m], sv));
-      } else {
-        out_a[m] = I::add(I::mul(a[m], cv), I::mul(b[m], sv));
-        out_b[m] = I::sub(I::mul(b[m], cv), I::mul(a[m], sv));
+    if constexpr (kInterleaved) {
+      rotate_uniform<I, kInverse>(a[0], a[1], I::loadf(c + e / 2), I::loadf(s + e / 2), out_a[0], out_a[1]);
+    } else {
+      load_n<I, IO>(src + pairs + e, b);
+      for (int m = 0; m < kMove; ++m) {
+        rotate_uniform<I, kInverse>(a[m], b[m], I::loadf(c + e + m * W), I::loadf(s + e + m * W), out_a[m], out_b[m]);
       }
     }
     store_n<I, IO, Mv::kStream>(dst + e, out_a);
-    store_n<I, IO, Mv::kStream>(dst + pairs + e, out_b);
+    if constexpr (!kInterleaved) store_n<I, IO, Mv::kStream>(dst + pairs + e, out_b);
   }
 }
 
-// Four vectors per step, then two, then one: float32 rows streamed from DRAM measured ~3-8% faster
-// with four than with two on AMD Zen 3 (fewer loop instructions between the loads; eight measured
-// no better than four, and four serve rows from 32 pairs up).
-template <class I, class D, bool kInverse, class Mv>
+// Four vectors per step, then two, then one (half-split only): float32 rows streamed from DRAM
+// measured ~3-8% faster with four than with two on AMD Zen 3 (fewer loop instructions between the
+// loads; eight measured no better than four, and four serve rows from 32 pairs up).
+template <class I, class D, bool kInterleaved, bool kInverse, class Mv>
 int64_t rotate_row_simd_uniform(const void* src_v, void* dst_v, int64_t rows, int64_t src_stride, int64_t dst_stride,
                                 int64_t pairs, const float* c, const float* s) {
   using T = typename D::T;
   constexpr int W = I::kLanes;
-  const int64_t fours = pairs / (4 * W) * (4 * W);
-  const int64_t twos = pairs / (2 * W) * (2 * W);
-  const int64_t full = pairs / W * W;
+  const int64_t n = kInterleaved ? 2 * pairs : pairs;  // elements of the row (interleaved) or of a half
+  const int64_t fours = n / (4 * W) * (4 * W);
+  const int64_t twos = n / (2 * W) * (2 * W);
+  const int64_t full = kInterleaved ? twos : n / W * W;
   const int64_t distance = Mv::kPrefetch ? cpu_prefetch().distance : 0;
   for (int64_t r = 0; r < rows; ++r) {
     const T* src = static_cast<const T*>(src_v) + r * src_stride;
     T* dst = static_cast<T*>(dst_v) + r * dst_stride;
-    for (int64_t j = 0; j < fours; j += 4 * W) rotate_block_uniform<I, D, kInverse, Mv, 4>(src, dst, j, pairs, c, s, distance);
-    for (int64_t j = fours; j < twos; j += 2 * W) rotate_block_uniform<I, D, kInverse, Mv, 2>(src, dst, j, pairs, c, s, distance);
-    for (int64_t j = twos; j < full; j += W) rotate_block_uniform<I, D, kInverse, Mv, 1>(src, dst, j, pairs, c, s, distance);
+    for (int64_t j = 0; j < fours; j += 4 * W)
+      rotate_block_uniform<I, D, kInterleaved, kInverse, Mv, 4>(src, dst, j, pairs, c, s, distance);
+    for (int64_t j = fours; j < twos; j += 2 * W)
+      rotate_block_uniform<I, D, kInterleaved, kInverse, Mv, 2>(src, dst, j, pairs, c, s, distance);
+    if constexpr (!kInterleaved) {
+      for (int64_t j = twos; j < full; j += W)
+        rotate_block_uniform<I, D, kInterleaved, kInverse, Mv, 1>(src, dst, j, pairs, c, s, distance);
+    }
   }
-  return full;
+  return kInterleaved ? full / 2 : full;
 }
 
 // Every policy: against the in-place memory floor these measured faster than the factor rows
@@ -406,9 +425,21 @@ int64_t rotate_row_simd_uniform(const void* src_v, void* dst_v, int64_t rows, in
 // as fast from DRAM; bf16 on the AVX-512 paths as fast with many heads and 15-20% faster with one,
 // whose per-token factor rows were a fifth of its time; AVX2's even/odd bf16 ~30% faster with one:
 // benchmarks/RESULTS.md).
+// Interleaved, an even/odd policy's pairs of vectors are the pairs' a and b as they load; any
+// other policy would spread c and s with a shuffle per vector, where the factor rows pay for that
+// once per token (measured slower at decode: benchmarks/RESULTS.md), so it keeps its factor rows.
+template <class I, class D, class Mv, bool kInterleaved, bool kInverse>
+constexpr RotateUniformFn uniform_rows() {
+  if constexpr (kInterleaved && !kEvenOdd<Io<I, D>>) {
+    return nullptr;
+  } else {
+    return rotate_row_simd_uniform<I, D, kInterleaved, kInverse, Mv>;
+  }
+}
+
 template <class I, class D, class Mv>
-constexpr RotateUniformFn kUniform[2] = {rotate_row_simd_uniform<I, D, false, Mv>,
-                                         rotate_row_simd_uniform<I, D, true, Mv>};
+constexpr RotateUniformFn kUniform[2][2] = {{uniform_rows<I, D, Mv, false, false>(), uniform_rows<I, D, Mv, false, true>()},
+                                            {uniform_rows<I, D, Mv, true, false>(), uniform_rows<I, D, Mv, true, true>()}};
 
 // isa.h, OrderRowFn, for an even/odd policy: the entries its two-vector steps read (blocks of 2W
 // from the start of the row) as (even elements, odd elements) per block; the rest in row order for
@@ -469,9 +500,12 @@ constexpr RowKernels kRowKernels = {{{kRotate<F, Float, Mv>[0], kRotate<F, Float
                                      {kRotate<B, BFloat16, Mv>[0], kRotate<B, BFloat16, Mv>[1]},
                                      {kRotate<H, Half, Mv>[0], kRotate<H, Half, Mv>[1]}},
                                     {order_row<F, Float>(), order_row<B, BFloat16>(), order_row<H, Half>()},
-                                    {{kUniform<F, Float, Mv>[0], kUniform<F, Float, Mv>[1]},
-                                     {kUniform<B, BFloat16, Mv>[0], kUniform<B, BFloat16, Mv>[1]},
-                                     {kUniform<H, Half, Mv>[0], kUniform<H, Half, Mv>[1]}}};
+                                    {{{kUniform<F, Float, Mv>[0][0], kUniform<F, Float, Mv>[0][1]},
+                                      {kUniform<F, Float, Mv>[1][0], kUniform<F, Float, Mv>[1][1]}},
+                                     {{kUniform<B, BFloat16, Mv>[0][0], kUniform<B, BFloat16, Mv>[0][1]},
+                                      {kUniform<B, BFloat16, Mv>[1][0], kUniform<B, BFloat16, Mv>[1][1]}},
+                                     {{kUniform<H, Half, Mv>[0][0], kUniform<H, Half, Mv>[0][1]},
+                                      {kUniform<H, Half, Mv>[1][0], kUniform<H, Half, Mv>[1][1]}}}};
 
 // The tables of one instruction set (rows_*.cpp): [prefetch][stream], fp16 rows in vectors H and
 // float32 rows in F (the path's own on the AVX-512 paths where isa.h's VectorWidth says so).

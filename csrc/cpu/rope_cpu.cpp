@@ -149,17 +149,26 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
     // Interleaved factor rows are written in the stream's own pass. Half-split rows keep the
     // stream's math rows (the uniform kernels read them): a second stream output in this function
     // cost the half-split loop registers, ~12 ns a token (benchmarks/RESULTS.md).
+    const auto rotate_token_uniform = [&] {
+      rotate_heads_uniform<kInterleaved, kInverse, T>(p, p.q, tb, ts, angles.cos(), angles.sin(), uniform);
+      rotate_heads_uniform<kInterleaved, kInverse, T>(p, p.k, tb, ts, angles.cos(), angles.sin(), uniform);
+    };
+    // (One call of the stream per branch: with a call shared by both, the float32 and fp16
+    // half-split loops measured 3-10% slower on one head.)
     for (int64_t t = begin; t < end; ++t, next_token()) {
-      if (uniform_rows) {
-        angles.at(position_of);
-        rotate_heads_uniform<kInterleaved, kInverse, T>(p, p.q, tb, ts, angles.cos(), angles.sin(), uniform);
-        rotate_heads_uniform<kInterleaved, kInverse, T>(p, p.k, tb, ts, angles.cos(), angles.sin(), uniform);
-        continue;
-      }
       if constexpr (kInterleaved) {
+        if (uniform_rows) {  // (bf16 only: a constant false in the other loops)
+          angles.at(position_of);
+          rotate_token_uniform();
+          continue;
+        }
         angles.at(position_of, factor_rows);
       } else {
         angles.at(position_of);
+        if (uniform_rows) {
+          rotate_token_uniform();
+          continue;
+        }
         factor_rows.from_math(angles.sin(), angles.cos(), pairs);
       }
       rotate_token(tb, ts);

@@ -46,13 +46,13 @@ enum class Isa : int { Portable = 0, Avx2 = 1, Avx512 = 2, Avx512Bf16 = 3 };
 using RotateRowFn = int64_t (*)(const void* src, void* dst, int64_t rows, int64_t src_stride, int64_t dst_stride,
                                 int64_t pairs, const float* C, const float* S);
 
-// Copies n floats of a row the kernels read (a factor row, or each half of a half-split one; a
-// cos or a sin row) from src to dst (or reorders them in place: src == dst) into the order a
-// kernel with an even/odd policy reads them (simd_rows.h): each block of two vectors from the
-// start as (even elements, odd elements), the rest in row order, as rotate_row reads them. The
-// factor rows are reordered once per token; cos and sin rows come in this order from frequencies
-// in this order (rope_cpu.cpp, frequencies_in_order). nullptr: the kernels read rows in row order.
-using OrderRowFn = void (*)(const float* src, float* dst, int64_t n);
+// Reorders the n floats of a row the kernels read (a factor row, or each half of a half-split one;
+// a cos or a sin row) in place into the order a kernel with an even/odd policy reads them
+// (simd_rows.h): each block of two vectors from the start as (even elements, odd elements), the
+// rest in row order, as rotate_row reads them. The factor rows are reordered once per token; cos and
+// sin rows come in this order from frequencies in this order (rope_cpu.cpp, frequencies_in_order).
+// nullptr: the kernels read rows in row order.
+using OrderRowFn = void (*)(float* row, int64_t n);
 
 // A SIMD row kernel for one cos/sin row indexed by pair (angles from frequencies, as core/rope.h
 // rotate_row_uniform, same bits): two factor loads per block of pairs instead of four, and no

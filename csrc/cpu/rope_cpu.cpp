@@ -101,7 +101,7 @@ const double* frequencies_in_order(OrderRowFn order, const double* freq, int64_t
   }
   float* index = thread_rows<float, kFrequencies>(pairs);
   for (int64_t j = 0; j < pairs; ++j) index[j] = static_cast<float>(j);
-  order(index, index, pairs);
+  order(index, pairs);
   last.assign(freq, freq + n);
   ordered.resize(n);
   for (int64_t a = 0; a < n_axes; ++a) {
@@ -134,9 +134,9 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
   M* S = uniform_rows ? nullptr : C + row_len;
   const auto rotate_token = [&](int64_t b, int64_t s) {
     if constexpr (kMayBeEvenOdd) {
-      if (order && kInterleaved) order(C, C, 2 * pairs), order(S, S, 2 * pairs);
+      if (order && kInterleaved) order(C, 2 * pairs), order(S, 2 * pairs);
       if (order && !kInterleaved) {  // each half of each row
-        for (M* half : {C, C + pairs, S, S + pairs}) order(half, half, pairs);
+        for (M* half : {C, C + pairs, S, S + pairs}) order(half, pairs);
       }
     }
     rotate_heads<kInterleaved, T>(p, p.q, b, s, C, S, simd);

@@ -9,7 +9,6 @@
 // (no FMA: the library is built with -ffp-contract=off) and the same roundings on store: F16C and
 // the integer round-to-nearest-even below are those of c10::Half and from_math<c10::BFloat16>.
 #pragma once
-#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 #if defined(__x86_64__) || defined(_M_X64)
@@ -74,14 +73,14 @@ struct Avx2 {
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
   static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
   static F swap_pairs(F x) { return _mm256_permute_ps(x, 0xB1); }  // (x0,x1,x2,x3) -> (x1,x0,x3,x2)
-  // 16 floats at src as (even elements, odd elements) at dst (src may equal dst), for even_odd_row.
-  static void split_even_odd(const float* src, float* dst) {
-    const __m256 v0 = _mm256_loadu_ps(src), v1 = _mm256_loadu_ps(src + 8);
+  // 16 floats at p as (even elements, odd elements), in place, for even_odd_row.
+  static void split_even_odd(float* p) {
+    const __m256 v0 = _mm256_loadu_ps(p), v1 = _mm256_loadu_ps(p + 8);
     // shuffle_ps works per 128-bit lane: (0,2,8,10 | 4,6,12,14), then the middle quadwords swap.
     const __m256 even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(v0, v1, 0x88)), 0xD8));
     const __m256 odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(v0, v1, 0xDD)), 0xD8));
-    _mm256_storeu_ps(dst, even);
-    _mm256_storeu_ps(dst + 8, odd);
+    _mm256_storeu_ps(p, even);
+    _mm256_storeu_ps(p + 8, odd);
   }
 };
 
@@ -445,11 +444,10 @@ constexpr RotateUniformFn kUniform[2][2] = {{uniform_rows<I, D, Mv, false, false
 // from the start of the row) as (even elements, odd elements) per block; the rest in row order for
 // the single-vector steps and the portable loops.
 template <class I>
-void even_odd_row(const float* src, float* dst, int64_t n) {
+void even_odd_row(float* row, int64_t n) {
   constexpr int W = I::kLanes;
   const int64_t twos = n / (2 * W) * (2 * W);
-  for (int64_t j = 0; j < twos; j += 2 * W) I::split_even_odd(src + j, dst + j);
-  if (src != dst) std::copy(src + twos, src + n, dst + twos);
+  for (int64_t j = 0; j < twos; j += 2 * W) I::split_even_odd(row + j);
 }
 
 template <class I, class D, class Mv>

@@ -376,18 +376,20 @@ template <class I, class D, bool kInterleaved, bool kInverse, class Mv, int K>
   if constexpr (!kInterleaved) prefetch_ahead<Mv::kPrefetch>(src + pairs + j, kBytes, distance);
   for (int k = 0; k < K; k += kMove) {
     const int64_t e = j + k * W;
-    typename I::F a[kMove], b[kMove], out_a[kMove], out_b[kMove];
+    typename I::F a[kMove], out_a[kMove];
     load_n<I, IO>(src + e, a);
     if constexpr (kInterleaved) {
       rotate_uniform<I, kInverse>(a[0], a[1], I::loadf(c + e / 2), I::loadf(s + e / 2), out_a[0], out_a[1]);
+      store_n<I, IO, Mv::kStream>(dst + e, out_a);
     } else {
+      typename I::F b[kMove], out_b[kMove];
       load_n<I, IO>(src + pairs + e, b);
       for (int m = 0; m < kMove; ++m) {
         rotate_uniform<I, kInverse>(a[m], b[m], I::loadf(c + e + m * W), I::loadf(s + e + m * W), out_a[m], out_b[m]);
       }
+      store_n<I, IO, Mv::kStream>(dst + e, out_a);
+      store_n<I, IO, Mv::kStream>(dst + pairs + e, out_b);
     }
-    store_n<I, IO, Mv::kStream>(dst + e, out_a);
-    if constexpr (!kInterleaved) store_n<I, IO, Mv::kStream>(dst + pairs + e, out_b);
   }
 }
 

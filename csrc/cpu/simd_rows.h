@@ -421,14 +421,14 @@ int64_t rotate_row_simd_uniform(const void* src_v, void* dst_v, int64_t rows, in
   return kInterleaved ? full / 2 : full;
 }
 
-// Every policy: against the in-place memory floor these measured faster than the factor rows
+// The uniform kernel of a policy, or nullptr where it keeps its factor rows. Half-split rows take it
+// with every policy: against the in-place memory floor it measured faster than the factor rows
 // (fp16 ~5-10%, benchmarks/micro/rope_rows.cpp; float32 ~17% on cache-resident decode batches and
 // as fast from DRAM; bf16 on the AVX-512 paths as fast with many heads and 15-20% faster with one,
 // whose per-token factor rows were a fifth of its time; AVX2's even/odd bf16 ~30% faster with one:
-// benchmarks/RESULTS.md).
-// Interleaved, an even/odd policy's pairs of vectors are the pairs' a and b as they load; any
-// other policy would spread c and s with a shuffle per vector, where the factor rows pay for that
-// once per token (measured slower at decode: benchmarks/RESULTS.md), so it keeps its factor rows.
+// benchmarks/RESULTS.md). Interleaved rows only with an even/odd policy, whose pairs of vectors are
+// the pairs' a and b as they load; any other policy would spread c and s with a shuffle per vector,
+// where the factor rows pay for that once per token (measured slower at decode).
 template <class I, class D, class Mv, bool kInterleaved, bool kInverse>
 constexpr RotateUniformFn uniform_rows() {
   if constexpr (kInterleaved && !kEvenOdd<Io<I, D>>) {

@@ -190,10 +190,8 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
   // A given cos/sin table: c1/s1 at first(i), c2/s2 at second(i) (the two halves may differ).
   for (int64_t t = begin; t < end; ++t, next_token()) {
     const int64_t row = p.cos_sin_row(tb, ts);
-    for (int64_t i = 0; i < pairs; ++i) {
-      const PairFactors<M> f = factors_from_table<M, T>(p, row, i);
-      set_factors<kInterleaved, kInverse>(C, S, pairs, i, f.c1, f.s1, f.c2, f.s2);
-    }
+    factor_rows_from_table<kInterleaved, kInverse>(static_cast<const T*>(p.cos) + row, static_cast<const T*>(p.sin) + row,
+                                                   pairs, C, S);
     rotate_token(tb, ts);
   }
 }

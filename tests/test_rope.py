@@ -323,6 +323,41 @@ def test_apply_rotary_pos_emb_cos_sin_with_distinct_halves_and_position_ids():
         assert torch.equal(out[..., R:], x[..., R:])
 
 
+# Every fp16 bit pattern (zeros, subnormals, normals, infinities, NaNs) once as a cos entry and once
+# as a q element, on the path this CPU takes and on the portable one (whose loops convert fp16 with
+# csrc/core/common.h's to_math). With sin = 0 every product is exact in float32 and float64 alike,
+# so the op's fp16 outputs must equal the formula's in float64, rounded once.
+_EVERY_FP16 = r"""
+import sys, torch, posenc_native as pn
+from transformers.models.llama.modeling_llama import rotate_half
+g = torch.Generator().manual_seed(11)
+every = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.float16).reshape(1, 512, 128)
+other = torch.randn(1, 512, 128, generator=g).half()
+sin = torch.zeros(1, 512, 128, dtype=torch.float16)
+for q, cos in ((other, every), (every, other)):
+    q = q[:, None]  # [batch, heads, seq, head_dim], the tables [batch, seq, head_dim]
+    out, _ = pn.apply_rotary_pos_emb(q, q, cos, sin)
+    want = (q.double() * cos[:, None].double() + rotate_half(q.double()) * sin[:, None].double()).half()
+    torch.testing.assert_close(out, want, rtol=0, atol=0, equal_nan=True)
+print(pn.build_info()["cpu_isa"])
+"""
+
+
+@pytest.mark.parametrize("path", ["native", "portable"])
+def test_every_fp16_value_through_the_table_path(path):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    env.pop("POSENC_CPU_ISA", None)
+    if path == "portable":
+        env["POSENC_CPU_ISA"] = "portable"
+    proc = subprocess.run([sys.executable, "-c", _EVERY_FP16], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert path == "native" or proc.stdout.split()[-1] == "portable"
+
+
 def test_gradcheck_rope_and_cos_sin():
     gen = torch.Generator().manual_seed(2)
     q = torch.randn(2, 5, 3, 12, generator=gen, dtype=torch.float64, requires_grad=True)

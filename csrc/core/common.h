@@ -1,6 +1,7 @@
 // Shared by the CPU and CUDA backends: host/device qualifiers and the math type of each dtype.
 #pragma once
 #include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -88,13 +89,41 @@ POSENC_HD int64_t load_as_int64(const void* p, IndexKind kind, int64_t at) {
 namespace posenc {
 
 // Element <-> math-type conversions. The bfloat16 ones are written with plain integer operations
-// (round to nearest even, NaN kept) so that CPU loops using them vectorize; on the GPU the
-// hardware conversion is used.
+// (round to nearest even, NaN kept) so that CPU loops using them vectorize; so are the fp16 ones on
+// x86 (POSENC_HALF_BY_BITS), where c10::Half's, compiled without F16C, are a branchy scalar
+// routine that kept every fp16 loop scalar (add_sinusoidal 20x the time of x * c). Elsewhere c10's
+// (the hardware's on ARM), and on the GPU the hardware conversion.
+#if !defined(__CUDA_ARCH__) && (defined(__x86_64__) || defined(_M_X64))
+#define POSENC_HALF_BY_BITS 1
+#else
+#define POSENC_HALF_BY_BITS 0
+#endif
+
 template <typename M, typename T>
 POSENC_HD M to_math(T v) {
 #if !defined(__CUDA_ARCH__)
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     const uint32_t bits = static_cast<uint32_t>(v.x) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    return static_cast<M>(f);
+  }
+#endif
+#if POSENC_HALF_BY_BITS
+  if constexpr (std::is_same_v<T, c10::Half>) {
+    // The same value as c10::Half's conversion: normal numbers rebiased (15 -> 127), infinities and
+    // NaNs with the exponent all ones, subnormals as their integer mantissa times 2^-24 (exact, and
+    // no arithmetic on subnormal floats, which flush-to-zero modes would change). Every case is
+    // formed and one picked by masks: as ?: the compiler branched on the case and did not vectorize.
+    const uint32_t magnitude = v.x & 0x7fffu;
+    const uint32_t sign = static_cast<uint32_t>(v.x & 0x8000u) << 16;
+    const uint32_t is_subnormal = 0u - static_cast<uint32_t>(magnitude < 0x0400u);
+    const uint32_t is_special = 0u - static_cast<uint32_t>(magnitude >= 0x7c00u);
+    const float subnormal = static_cast<float>(static_cast<int32_t>(magnitude)) * 0x1p-24f;
+    uint32_t subnormal_bits;
+    std::memcpy(&subnormal_bits, &subnormal, sizeof(subnormal_bits));
+    const uint32_t normal_bits = ((magnitude << 13) + (112u << 23)) | (is_special & 0x7f800000u);
+    const uint32_t bits = sign | (normal_bits & ~is_subnormal) | (subnormal_bits & is_subnormal);
     float f;
     std::memcpy(&f, &bits, sizeof(f));
     return static_cast<M>(f);
@@ -113,6 +142,34 @@ POSENC_HD T from_math(M v) {
     const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
     T out;
     out.x = static_cast<uint16_t>(f != f ? 0x7fc0u : rounded);
+    return out;
+  }
+#endif
+#if POSENC_HALF_BY_BITS
+  if constexpr (std::is_same_v<T, c10::Half>) {
+    // Round to nearest even, as c10::Half's conversion: NaN -> 0x7e00 (with the sign), from 2^16
+    // up infinity; normal results (|f| >= 2^-14) by rounding the float's bits (rebiased 127 -> 15)
+    // at bit 13; subnormal ones by adding 0.5, whose float spacing (2^-24) is the fp16 subnormals',
+    // so the FPU rounds (no subnormal float results, so flush-to-zero modes change nothing, and
+    // floats below 2^-126 round to 0 either way). Picked by masks, to vectorize (as float -> fp16).
+    const float f = static_cast<float>(v);
+    uint32_t bits;
+    std::memcpy(&bits, &f, sizeof(bits));
+    const uint32_t sign = bits & 0x80000000u;
+    const uint32_t magnitude = bits ^ sign;
+    float magnitude_f;
+    std::memcpy(&magnitude_f, &magnitude, sizeof(magnitude_f));
+    const float shifted = magnitude_f + 0.5f;
+    uint32_t shifted_bits;
+    std::memcpy(&shifted_bits, &shifted, sizeof(shifted_bits));
+    const uint32_t subnormal = shifted_bits - 0x3f000000u;  // the bits of 0.5f
+    const uint32_t normal = (magnitude - (112u << 23) + 0xfffu + ((magnitude >> 13) & 1u)) >> 13;
+    const uint32_t special = 0x7c00u | ((0u - static_cast<uint32_t>(magnitude > 0x7f800000u)) & 0x0200u);
+    const uint32_t is_special = 0u - static_cast<uint32_t>(magnitude >= (143u << 23));
+    const uint32_t is_subnormal = 0u - static_cast<uint32_t>(magnitude < (113u << 23));
+    const uint32_t finite = (normal & ~is_subnormal) | (subnormal & is_subnormal);
+    T out;
+    out.x = static_cast<uint16_t>((sign >> 16) | (special & is_special) | (finite & ~is_special));
     return out;
   }
 #endif

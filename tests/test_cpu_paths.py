@@ -1,5 +1,5 @@
-"""The CPU RoPE kernels have one SIMD body per instruction set (csrc/cpu/isa.h: avx2, avx512,
-avx512bf16) and a portable loop; POSENC_CPU_ISA caps the path. The float64-reference tests exercise
+"""The CPU RoPE kernels (and the sinusoidal ops' 16-bit rows) have one SIMD body per instruction set
+(csrc/cpu/isa.h: avx2, avx512, avx512bf16) and a portable loop; POSENC_CPU_ISA caps the path. The float64-reference tests exercise
 whichever path this CPU takes; these tests run the same problems on every path this CPU has, each in
 its own process, and require the portable path's bits, with the SIMD kernels' software prefetch
 (POSENC_CPU_PREFETCH) on and off (on by default except on AMD Zen 4), and on the AVX-512 paths with fp16
@@ -70,6 +70,17 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
             for pos in (image, text):
                 for interleaved in (False, True):
                     out += list(torch.ops.posenc.rope(q, k, pos, None, inv, 1.0, interleaved, "bshd", 0, False))
+    # the sinusoidal ops' rows (csrc/cpu/sinusoidal_cpu.cpp: 16-bit rows by the SIMD kernel):
+    # contiguous rows of whole vectors, with a tail, fewer than a vector, odd; strided x; per-batch
+    # positions; the tables in both layouts
+    for shape in ((2, 9, 512), (2, 9, 130), (3, 5, 7), (2, 70, 33)):
+        x = torch.randn(shape, generator=g).to(dtype)
+        pos = torch.randint(0, 1 << 20, shape[:2], generator=g)
+        out.append(pn.add_sinusoidal(x, offset=5, x_scale=1.7))
+        out.append(pn.add_sinusoidal(x, pos, interleaved=False, cos_first=True))
+        out.append(pn.add_sinusoidal(x.transpose(1, 2).contiguous().transpose(1, 2), offset=3))
+        out.append(pn.sinusoidal_table(pos[0], shape[2], dtype=dtype))
+        out.append(pn.sinusoidal_table(pos[0], shape[2], interleaved=False, dtype=dtype))
 torch.save(out, sys.argv[1])
 """
 

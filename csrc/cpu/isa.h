@@ -61,12 +61,19 @@ using OrderRowFn = void (*)(float* row, int64_t n);
 using RotateUniformFn = int64_t (*)(const void* src, void* dst, int64_t rows, int64_t src_stride,
                                     int64_t dst_stride, int64_t pairs, const float* cos, const float* sin);
 
+// The sinusoidal ops' rows (cpu/sinusoidal_cpu.cpp): out[d] = x[d] * x_scale + pe[d] (add_sinusoidal,
+// x's lines prefetched as the RoPE rows' are: Moves) or, where x is nullptr, out[d] = pe[d] (a
+// table row formed in float32), over the whole vectors of n contiguous elements; returns the
+// elements done, the rest left to the compiled loop.
+using EncodingRowFn = int64_t (*)(void* out, const void* x, float x_scale, const float* pe, int64_t n);
+
 enum RowDtype : int { kRowFloat = 0, kRowBFloat16 = 1, kRowHalf = 2 };
 
 struct RowKernels {
   RotateRowFn rotate[3][2];          // [RowDtype][interleaved]
   OrderRowFn order[3];               // [RowDtype]: the order both kinds of kernel read their rows in
   RotateUniformFn uniform[3][2][2];  // [RowDtype][interleaved][inverse]; interleaved: even/odd policies only
+  EncodingRowFn encoding[3];         // [RowDtype]
 };
 
 // The row kernels of each SIMD path, with or without prefetch, with or without non-temporal stores

@@ -1,6 +1,9 @@
 // The CPU backend: its runners (sinusoidal_cpu.cpp, rope_cpu.cpp, relative_bias_cpu.cpp), registered in
 // register_cpu.cpp.
 #pragma once
+#include <type_traits>
+
+#include "cpu/isa.h"
 #include "host/backend.h"
 
 // The hot loops are compiled twice, for baseline x86-64 and for AVX2, and
@@ -16,4 +19,11 @@
 
 namespace posenc::cpu {
 POSENC_DECLARE_RUNNERS
+
+// The row kernels' index of element type T (cpu/isa.h, RowDtype), -1 for types they do not take.
+template <typename T>
+constexpr int kRowDtype = std::is_same_v<T, float>            ? kRowFloat
+                          : std::is_same_v<T, c10::BFloat16> ? kRowBFloat16
+                          : std::is_same_v<T, c10::Half>     ? kRowHalf
+                                                              : -1;
 }  // namespace posenc::cpu

@@ -12,12 +12,6 @@
 namespace posenc::cpu {
 namespace {
 
-template <typename T>
-constexpr int kRowDtype = std::is_same_v<T, float>            ? kRowFloat
-                          : std::is_same_v<T, c10::BFloat16> ? kRowBFloat16
-                          : std::is_same_v<T, c10::Half>     ? kRowHalf
-                                                              : -1;
-
 template <bool kInterleaved, typename T, typename M>
 void rotate_heads(const RopeProblem& p, const RopeOperand& o, int64_t b, int64_t s, const M* C, const M* S,
                   RotateRowFn simd) {

@@ -1,4 +1,4 @@
-// The avx512bf16 RoPE row kernels (simd_rows.h), compiled with this path's -m flags (CMakeLists.txt).
+// The avx512bf16 row kernels (simd_rows.h), compiled with this path's -m flags (CMakeLists.txt).
 #include "cpu/simd_rows.h"
 
 namespace posenc::cpu {

@@ -1,5 +1,6 @@
-// The SIMD RoPE row kernel: one body (rotate_row_simd) over small policies, an instruction set
-// (float vector ops) and, per element type, a load/store pair that converts to and from float32.
+// The SIMD row kernels, RoPE's (rotate_row_simd, rotate_row_simd_uniform) and the sinusoidal ops'
+// (encoding_row_simd), each one body over small policies: an instruction set (float vector ops)
+// and, per element type, a load/store pair that converts to and from float32.
 // Only the rows_*.cpp files include this header, each compiled with its own -m flags; everything
 // here is in an anonymous namespace, so each file keeps its own copy, compiled for its instruction
 // set (shared inline code could otherwise be merged by the linker into one copy that needs the
@@ -72,6 +73,7 @@ struct Avx2 {
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
   static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static F set1(float v) { return _mm256_set1_ps(v); }
   static F swap_pairs(F x) { return _mm256_permute_ps(x, 0xB1); }  // (x0,x1,x2,x3) -> (x1,x0,x3,x2)
   // 16 floats at p as (even elements, odd elements), in place, for even_odd_row.
   static void split_even_odd(float* p) {
@@ -173,6 +175,7 @@ struct Avx512 {
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F add(F a, F b) { return _mm512_add_ps(a, b); }
   static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F set1(float v) { return _mm512_set1_ps(v); }
   static F swap_pairs(F x) { return _mm512_permute_ps(x, 0xB1); }
 };
 
@@ -452,6 +455,36 @@ void even_odd_row(float* row, int64_t n) {
   for (int64_t j = 0; j < twos; j += 2 * W) I::split_even_odd(row + j);
 }
 
+// isa.h, EncodingRowFn: a 64-byte line of x per step (with its prefetch), then single vectors; the
+// multiply and add of the compiled loop, so the same bits. Without x, the conversion alone. For
+// 16-bit rows only: fp16 rows are where it counts (the compiled loop's conversion, without F16C,
+// took add_sinusoidal from 1.25x to 5x the time of x * c), bf16's on the AVX-512 paths gained too
+// (1.3x -> 0.9x), and float32's compiled loop measured as fast (benchmarks/RESULTS.md).
+template <class I, class D, class Mv>
+int64_t encoding_row_simd(void* out_v, const void* x_v, float x_scale, const float* pe, int64_t n) {
+  using T = typename D::T;
+  using IO = Io<I, D>;
+  constexpr int W = I::kLanes;
+  constexpr int kPerLine = 64 / (W * sizeof(T)) > 0 ? 64 / (W * sizeof(T)) : 1;  // vectors
+  const T* x = static_cast<const T*>(x_v);
+  T* out = static_cast<T*>(out_v);
+  const int64_t full = n / W * W;
+  if (!x) {
+    for (int64_t d = 0; d < full; d += W) IO::store(out + d, I::loadf(pe + d));
+    return full;
+  }
+  const typename I::F scale = I::set1(x_scale);
+  const auto add = [&](int64_t d) { IO::store(out + d, I::add(I::mul(IO::load(x + d), scale), I::loadf(pe + d))); };
+  const int64_t distance = Mv::kPrefetch ? cpu_prefetch().distance : 0;
+  const int64_t lines = n / (kPerLine * W) * (kPerLine * W);
+  for (int64_t d = 0; d < lines; d += kPerLine * W) {
+    prefetch_ahead<Mv::kPrefetch>(x + d, 64, distance);
+    for (int k = 0; k < kPerLine; ++k) add(d + k * W);
+  }
+  for (int64_t d = lines; d < full; d += W) add(d);
+  return full;
+}
+
 template <class I, class D, class Mv>
 constexpr RotateRowFn kRotate[2] = {rotate_row_simd<I, D, false, Mv>, rotate_row_simd<I, D, true, Mv>};
 
@@ -505,7 +538,8 @@ constexpr RowKernels kRowKernels = {{{kRotate<F, Float, Mv>[0], kRotate<F, Float
                                      {{kUniform<B, BFloat16, Mv>[0][0], kUniform<B, BFloat16, Mv>[0][1]},
                                       {kUniform<B, BFloat16, Mv>[1][0], kUniform<B, BFloat16, Mv>[1][1]}},
                                      {{kUniform<H, Half, Mv>[0][0], kUniform<H, Half, Mv>[0][1]},
-                                      {kUniform<H, Half, Mv>[1][0], kUniform<H, Half, Mv>[1][1]}}}};
+                                      {kUniform<H, Half, Mv>[1][0], kUniform<H, Half, Mv>[1][1]}}},
+                                    {nullptr, encoding_row_simd<B, BFloat16, Mv>, encoding_row_simd<H, Half, Mv>}};
 
 // The tables of one instruction set (rows_*.cpp): [prefetch][stream], fp16 rows in vectors H and
 // float32 rows in F (the path's own on the AVX-512 paths where isa.h's VectorWidth says so).

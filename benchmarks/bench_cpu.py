@@ -158,6 +158,22 @@ def section_sinusoidal(s: Settings) -> list[Row]:
     name = f"add_sinusoidal x=[{B},{S},{D}] fp32"
     rows.append(Row(name, ours, "eager x + pe[:, :S]", eager))
     rows.append(Row(name, ours, "x.clone()", copy, Goal(1.3, "<= 1.3x")))
+
+    # The 16-bit dtypes (their rows converted by the SIMD row kernels: csrc/cpu/simd_rows.h)
+    for dtype in (torch.bfloat16, torch.float16):
+        dt = _dt(dtype)
+        table = pn.sinusoidal_table(L, d, dtype=dtype)
+        check(f"sinusoidal_table {dt} vs fp32", table, pn.sinusoidal_table(L, d).to(dtype), 1e-2)
+        ours, fill = bench_together([lambda: pn.sinusoidal_table(L, d, dtype=dtype),
+                                     lambda: torch.empty(L, d, dtype=dtype).fill_(0.5)], s)
+        rows.append(Row(f"sinusoidal_table L={L} d={d} {dt}", ours, "torch.empty + fill_", fill))
+        xh, peh = x.to(dtype), pe.to(dtype)
+        check(f"add_sinusoidal {dt} vs x + pe", pn.add_sinusoidal(xh), xh.float() + pe[:, :S], 1e-2)
+        ours, eager, copy = bench_together([lambda: pn.add_sinusoidal(xh), lambda: xh + peh[:, :S],
+                                            lambda: xh.clone()], s)
+        name = f"add_sinusoidal x=[{B},{S},{D}] {dt}"
+        rows.append(Row(name, ours, "eager x + pe[:, :S]", eager))
+        rows.append(Row(name, ours, "x.clone()", copy))
     return rows
 
 
@@ -291,6 +307,18 @@ def section_rope(s: Settings) -> list[Row]:
                 check(f"{name} vs transformers (k)", ok.transpose(1, 2), hk, 10 * tol)
                 eager = bench(lambda: eager_path(q, k, inv32, scaling), s)
                 rows.append(Row(name + " out-of-place", oop, "transformers eager", eager))
+                # The transformers drop-in with the model's own cos/sin (the table path)
+                qt, kt = q.transpose(1, 2), k.transpose(1, 2)
+                cos, sin = hf_cos_sin(qt, position_ids, inv32, scaling)
+                tq, tk = pn.apply_rotary_pos_emb(qt, kt, cos, sin)
+                check(f"{name} apply_rotary_pos_emb vs transformers (q)", tq, hq, 10 * tol)
+                check(f"{name} apply_rotary_pos_emb vs transformers (k)", tk, hk, 10 * tol)
+                floor_t, table, hf_table = bench_together(
+                    [floor_alloc_fn, lambda: pn.apply_rotary_pos_emb(qt, kt, cos, sin),
+                     lambda: hf_apply(qt, kt, cos, sin)], s)
+                tname = f"apply_rotary_pos_emb(q, k, cos, sin) {scheme} q=[{B},{Hq},{S},{D}] {dt}"
+                rows.append(Row(tname, table, "q * c, k * c", floor_t))
+                rows.append(Row(tname, table, "transformers apply_rotary_pos_emb", hf_table))
                 if compiled_path is not None:
                     compiled = bench(lambda: compiled_path(q, k, inv32, scaling), s)
                     rows.append(Row(name + " out-of-place", oop, "torch.compile(transformers)", compiled,

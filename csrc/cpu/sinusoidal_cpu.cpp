@@ -102,7 +102,7 @@ void add_encoding_prefetched(T* __restrict__ out, const T* x, M x_scale, const M
 }
 
 // Units [begin, end): unit u is (position row pb, s). The table op writes each unit's encoding
-// row directly (fp16 rows formed in float32 and converted by the SIMD kernel); add_sinusoidal lays a block of them out in pe_rows, then streams through x batch
+// row directly (fp16 rows formed in float32 first); add_sinusoidal lays a block of them out in pe_rows, then streams through x batch
 // row by batch row (every batch row when positions are [S]), so memory moves in long runs.
 // x_ahead: how far ahead add_sinusoidal prefetches x's rows (0: not at all); simd: the SIMD kernel
 // (isa.h, EncodingRowFn) for add_sinusoidal's contiguous rows and the table's fp16 ones, where the
@@ -118,7 +118,13 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
   // A block's encoding rows, and a row formed in L1 to be streamed out (run_typed), in this thread's
   // buffers (sincos_stream.h): as vectors they were allocated and zeroed per call, 64 KiB for a
   // 1024-dim decode step's one row (~1 us of ~5 us).
-  M* pe_rows = p.x || simd ? thread_rows<M, kEncodingRows>(std::min<int64_t>(kBlock, end - begin) * dim) : nullptr;
+  // The table's fp16 rows are formed in float32, then converted (by the SIMD kernel where the path
+  // has one): written as formed, their conversion kept the compiled loop scalar, and a [8192, 512]
+  // table took 8.4 ms (c10's conversion) or 11 ms (csrc/core/common.h's), against 2.4 ms formed
+  // first and converted by the compiled loop, 1.0 ms by the kernel.
+  constexpr bool kFormedInFloat = std::is_same_v<T, c10::Half>;
+  M* pe_rows = p.x || kFormedInFloat ? thread_rows<M, kEncodingRows>(std::min<int64_t>(kBlock, end - begin) * dim)
+                                     : nullptr;
   T* row = stream ? thread_rows<T, kStreamedRow>(dim) : nullptr;
   const auto add_row = [&](int64_t b, int64_t s, const M* pe) {
     T* out = static_cast<T*>(p.out) + b * p.out_stride_b + s * p.out_stride_s;
@@ -150,13 +156,12 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
       }
       T* out = static_cast<T*>(p.out) + u % p.seq * p.out_stride_s;  // the table: batch 1
       T* dst = stream ? row : out;
-      if constexpr (std::is_same_v<M, float>) {
-        if (simd) {  // formed in float32, converted by the SIMD kernel
-          angles.at(position_of, EncodingRow<M>{prm, pe_rows});
-          for (int64_t d = simd(dst, nullptr, 0.0f, pe_rows, dim); d < dim; ++d) dst[d] = from_math<T>(pe_rows[d]);
-        }
+      if constexpr (kFormedInFloat) {
+        angles.at(position_of, EncodingRow<M>{prm, pe_rows});
+        for (int64_t d = simd ? simd(dst, nullptr, 0.0f, pe_rows, dim) : 0; d < dim; ++d) dst[d] = from_math<T>(pe_rows[d]);
+      } else {
+        angles.at(position_of, EncodingRow<T>{prm, dst});
       }
-      if (!simd) angles.at(position_of, EncodingRow<T>{prm, dst});
       if (stream) stream_copy(out, row, dim * sizeof(T));
     }
     if (!p.x) continue;

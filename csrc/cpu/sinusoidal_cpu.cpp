@@ -101,12 +101,22 @@ void add_encoding_prefetched(T* __restrict__ out, const T* x, M x_scale, const M
   add_encoding(out + lines, x + lines, 1, x_scale, pe + lines, dim - lines);
 }
 
+// The table's fp16 rows are formed in float32, then converted (by the SIMD kernel where the path
+// has one): written as formed, their conversion kept the compiled loop scalar, and a [8192, 512]
+// table took 8.4 ms (c10's conversion) or 11 ms (csrc/core/common.h's), against 2.4 ms formed
+// first and converted by the compiled loop, 1.0 ms by the kernel. float32 and bf16 rows are written
+// as formed (the compiler vectorizes bf16's conversion; through the kernel they measured ~8% slower
+// on the AVX2 path).
+template <typename T>
+constexpr bool kTableFormedInFloat = std::is_same_v<T, c10::Half>;
+
 // Units [begin, end): unit u is (position row pb, s). The table op writes each unit's encoding
-// row directly (fp16 rows formed in float32 first); add_sinusoidal lays a block of them out in pe_rows, then streams through x batch
-// row by batch row (every batch row when positions are [S]), so memory moves in long runs.
+// row directly (or as kTableFormedInFloat says); add_sinusoidal lays a block of them out in
+// pe_rows, then streams through x batch row by batch row (every batch row when positions are
+// [S]), so memory moves in long runs.
 // x_ahead: how far ahead add_sinusoidal prefetches x's rows (0: not at all); simd: the SIMD kernel
-// (isa.h, EncodingRowFn) for add_sinusoidal's contiguous rows and the table's fp16 ones, where the
-// path has one (run_typed).
+// (isa.h, EncodingRowFn) for add_sinusoidal's contiguous rows and the table's rows formed in
+// float32, where the path has one (run_typed).
 template <typename T>
 POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double* freq, bool stream, int64_t x_ahead,
                                        EncodingRowFn simd, int64_t begin, int64_t end) {
@@ -118,13 +128,9 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
   // A block's encoding rows, and a row formed in L1 to be streamed out (run_typed), in this thread's
   // buffers (sincos_stream.h): as vectors they were allocated and zeroed per call, 64 KiB for a
   // 1024-dim decode step's one row (~1 us of ~5 us).
-  // The table's fp16 rows are formed in float32, then converted (by the SIMD kernel where the path
-  // has one): written as formed, their conversion kept the compiled loop scalar, and a [8192, 512]
-  // table took 8.4 ms (c10's conversion) or 11 ms (csrc/core/common.h's), against 2.4 ms formed
-  // first and converted by the compiled loop, 1.0 ms by the kernel.
-  constexpr bool kFormedInFloat = std::is_same_v<T, c10::Half>;
-  M* pe_rows = p.x || kFormedInFloat ? thread_rows<M, kEncodingRows>(std::min<int64_t>(kBlock, end - begin) * dim)
-                                     : nullptr;
+  M* pe_rows = p.x || kTableFormedInFloat<T>
+                   ? thread_rows<M, kEncodingRows>(std::min<int64_t>(kBlock, end - begin) * dim)
+                   : nullptr;
   T* row = stream ? thread_rows<T, kStreamedRow>(dim) : nullptr;
   const auto add_row = [&](int64_t b, int64_t s, const M* pe) {
     T* out = static_cast<T*>(p.out) + b * p.out_stride_b + s * p.out_stride_s;
@@ -156,9 +162,10 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
       }
       T* out = static_cast<T*>(p.out) + u % p.seq * p.out_stride_s;  // the table: batch 1
       T* dst = stream ? row : out;
-      if constexpr (kFormedInFloat) {
+      if constexpr (kTableFormedInFloat<T>) {
         angles.at(position_of, EncodingRow<M>{prm, pe_rows});
-        for (int64_t d = simd ? simd(dst, nullptr, 0.0f, pe_rows, dim) : 0; d < dim; ++d) dst[d] = from_math<T>(pe_rows[d]);
+        const int64_t done = simd ? simd(dst, nullptr, 0.0f, pe_rows, dim) : 0;
+        for (int64_t d = done; d < dim; ++d) dst[d] = from_math<T>(pe_rows[d]);
       } else {
         angles.at(position_of, EncodingRow<T>{prm, dst});
       }
@@ -194,14 +201,12 @@ void run_typed(const SinusoidalProblem& p) {
   const Prefetch& prefetch = cpu_prefetch();
   const int64_t x_ahead =
       p.x && p.x_stride_d == 1 && prefetch.for_rows(out_rows * p.params.dim * element) ? prefetch.distance : 0;
-  // The SIMD kernel: add_sinusoidal's contiguous rows; the table's fp16 rows (float32 and bf16 ones
-  // are written as formed, their conversion vectorized by the compiler: bf16 rows formed in float32
-  // and converted by the kernel measured ~8% slower on the AVX2 path).
+  // The SIMD kernel: add_sinusoidal's contiguous rows, and the table's rows formed in float32.
   EncodingRowFn simd = nullptr;
   if constexpr (kRowDtype<T> >= 0) {
     const int64_t bytes = out_rows * p.params.dim * element;
     const bool wide = cpu_vector_width().wide(kRowDtype<T>, bytes);
-    const bool rows = p.x ? p.x_stride_d == 1 : std::is_same_v<T, c10::Half>;
+    const bool rows = p.x ? p.x_stride_d == 1 : kTableFormedInFloat<T>;
     if (const RowKernels* k = rows ? row_kernels(cpu_isa(), x_ahead > 0, false, wide) : nullptr) {
       simd = k->encoding[kRowDtype<T>];
     }

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -328,7 +331,7 @@ def test_apply_rotary_pos_emb_cos_sin_with_distinct_halves_and_position_ids():
 # csrc/core/common.h's to_math). With sin = 0 every product is exact in float32 and float64 alike,
 # so the op's fp16 outputs must equal the formula's in float64, rounded once.
 _EVERY_FP16 = r"""
-import sys, torch, posenc_native as pn
+import torch, posenc_native as pn
 from transformers.models.llama.modeling_llama import rotate_half
 g = torch.Generator().manual_seed(11)
 every = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.float16).reshape(1, 512, 128)
@@ -345,10 +348,6 @@ print(pn.build_info()["cpu_isa"])
 
 @pytest.mark.parametrize("path", ["native", "portable"])
 def test_every_fp16_value_through_the_table_path(path):
-    import os
-    import subprocess
-    import sys
-
     env = dict(os.environ)
     env.pop("POSENC_CPU_ISA", None)
     if path == "portable":

@@ -95,7 +95,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     print()
     start = time.perf_counter()
     rows: list[Row] = []
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
         rows += t5_rows(settings, H, L, dtype)
         rows += alibi_rows(settings, H, L, dtype)
     print_table(rows)

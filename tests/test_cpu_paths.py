@@ -230,9 +230,10 @@ def test_bad_cpu_setting_is_a_clear_error(var, value, expected):
 
 
 # Sinusoidal tables over POSENC_CPU_STREAM: float32 in both layouts and an odd dim (rows of 4 * 77 bytes,
-# so the non-temporal stores start mid-row and leave a tail), 16-bit and float64 outputs, fractional
-# positions, and one table past the default 32 MiB threshold; then add_sinusoidal the same way (an odd
-# dim, bf16, x with a strided last dim, batch rows with their own positions, 36 MiB of output).
+# off 16-byte boundaries: plain stores even so, csrc/cpu/isa.h rows_aligned), 16-bit and float64
+# outputs, fractional positions, and one table past the default 32 MiB threshold; then add_sinusoidal
+# the same way (an odd dim, bf16, x with a strided last dim, batch rows with their own positions, 36 MiB
+# of output).
 _X_SHAPES = [(3, 200, 77), (2, 100, 96), (2, 120, 96), (2, 90, 64), (9, 1000, 1024)]
 _TABLES = """
 import sys, torch, posenc_native as pn
@@ -298,6 +299,51 @@ def test_streamed_tables_have_the_same_bits(tmp_path):
         err = (out.double() - truth).abs().max().item()
         assert err <= tol, f"add_sinusoidal {i} ({out.dtype}): max error {err:.2e} > {tol:.0e}"
 
+
+# The relative position biases over POSENC_CPU_STREAM (csrc/cpu/relative_bias_cpu.cpp: each output row
+# a copy of a window of the diagonal table, streamed or not): key lengths whose rows start on and off
+# 16-byte boundaries (off them never streamed, csrc/cpu/isa.h rows_aligned) and rows shorter than one
+# vector, every dtype, a query offset.
+_BIASES = """
+import sys, torch, posenc_native as pn
+g = torch.Generator().manual_seed(int(sys.argv[2]))
+cases = []
+for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+    for heads, lq, lk, off in ((3, 40, 77, 0), (2, 33, 5, 9), (4, 64, 128, -20), (1, 7, 1001, 3), (2, 9, 72, 1)):
+        w = torch.randn(32, heads, generator=g).to(dtype)
+        slopes = torch.rand(heads, generator=g, dtype=torch.float64) * 2 - 1
+        cases.append((w, slopes, lq, lk, off))
+out = [(pn.relative_position_bias(w, lq, lk, max_distance=64, query_offset=off),
+        pn.alibi_bias(slopes, lq, lk, query_offset=off, dtype=w.dtype)) for w, slopes, lq, lk, off in cases]
+torch.save((cases, out), sys.argv[1])
+"""
+
+
+def test_streamed_biases_have_the_same_bits(tmp_path):
+    """POSENC_CPU_STREAM=1 writes every bias with non-temporal stores, =0 none, the default those of
+    32 MiB and more into pages already in memory (csrc/cpu/isa.h, Streaming): the same bits every way,
+    those of the float64 reference (T5: the weight's entries; ALiBi: the float64 product rounded once)."""
+    seed = str(int(torch.randint(0, 2 ** 31, ())))
+    runs = {}
+    for name, env in (("never", _env(POSENC_CPU_STREAM="0")), ("always", _env(POSENC_CPU_STREAM="1")),
+                      ("default", _env())):
+        path = tmp_path / f"{name}.pt"
+        proc = subprocess.run([sys.executable, "-c", _BIASES, str(path), seed], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        runs[name] = torch.load(path)
+    from posenc_native import reference
+    cases, always = runs["always"]
+    for i, (w, slopes, lq, lk, off) in enumerate(cases):
+        t5 = reference.relative_position_bias(w, lq, lk, max_distance=64, query_offset=off)
+        alibi = reference.alibi_bias(slopes, lq, lk, query_offset=off)
+        alibi = alibi if w.dtype == torch.float64 else alibi.float().to(w.dtype)
+        assert torch.equal(always[i][0], t5), f"T5 bias {i} ({w.dtype}, Lk={lk}) differs from the reference"
+        assert torch.equal(always[i][1], alibi), f"ALiBi bias {i} ({w.dtype}, Lk={lk}) differs from the reference"
+        assert always[i][0].abs().sum() > 0 and always[i][1].abs().sum() > 0
+        for name in ("never", "default"):
+            for a, b in zip(always[i], runs[name][1][i]):
+                assert torch.equal(a, b), f"bias {i} ({w.dtype}, Lk={lk}) differs with POSENC_CPU_STREAM {name}"
 
 def test_bad_stream_value_is_a_clear_error():
     code = "import posenc_native as pn\npn.sinusoidal_table(8, 4)\n"

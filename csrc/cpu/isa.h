@@ -120,7 +120,8 @@ struct VectorWidth {
 // Throws on a POSENC_CPU_VECTOR_BITS value other than 256 or 512.
 const VectorWidth& cpu_vector_width();
 // Non-temporal stores for outputs that cannot stay in cache (the sinusoidal ops' outputs,
-// cpu/sinusoidal_cpu.cpp; out-of-place RoPE outputs with rows on 64-byte boundaries, cpu/rope_cpu.cpp),
+// cpu/sinusoidal_cpu.cpp; the relative position biases, cpu/relative_bias_cpu.cpp; out-of-place RoPE
+// outputs with rows on 64-byte boundaries, cpu/rope_cpu.cpp),
 // chosen once per process (isa.cpp, cpu_streaming): written so, a line is not first read into the
 // cache (read for ownership), so an output streamed to DRAM moves half the bytes of plain stores.
 // from_bytes: the output size from which a call streams, 32 MiB (an output that fits in L3 stays
@@ -150,6 +151,17 @@ inline int64_t output_extent(std::initializer_list<std::pair<int64_t, int64_t>> 
     last += (count - 1) * stride;
   }
   return row > 0 ? (last + row) * element : 0;
+}
+// Whether `out` and each of `strides` (in elements of `element` bytes) are multiples of `align` bytes,
+// so every row they place starts on an `align`-byte boundary. A streamed output must have its rows
+// so: a cache line written partly with plain stores and partly with non-temporal ones (cpu/kernels.h,
+// copy_row: a row's ends) measured 2-5x slower than either (benchmarks/RESULTS.md, "Thirty-fifth session").
+inline bool rows_aligned(const void* out, std::initializer_list<int64_t> strides, int64_t element, int64_t align) {
+  if (reinterpret_cast<uintptr_t>(out) % static_cast<uintptr_t>(align) != 0) return false;
+  for (const int64_t stride : strides) {
+    if (stride * element % align != 0) return false;
+  }
+  return true;
 }
 // Throws on a POSENC_CPU_STREAM value other than 0 or 1.
 const Streaming& cpu_streaming();

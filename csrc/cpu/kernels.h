@@ -1,6 +1,8 @@
 // The CPU backend: its runners (sinusoidal_cpu.cpp, rope_cpu.cpp, relative_bias_cpu.cpp), registered in
 // register_cpu.cpp.
 #pragma once
+#include <algorithm>
+#include <cstring>
 #include <type_traits>
 
 #include "cpu/isa.h"
@@ -26,4 +28,33 @@ constexpr int kRowDtype = std::is_same_v<T, float>            ? kRowFloat
                           : std::is_same_v<T, c10::BFloat16> ? kRowBFloat16
                           : std::is_same_v<T, c10::Half>     ? kRowHalf
                                                               : -1;
+
+// n bytes from src to dst in 16-byte vectors (SSE2, which every x86-64 CPU has; memcpy elsewhere).
+// With `stream`, non-temporal stores where dst is 16-byte aligned and plain copies at the ends: a row
+// formed in L1 streamed out, where cpu_streaming().for_output and rows_aligned allow it (cpu/isa.h;
+// each thread then calls end_streaming_stores). Without, plain vector stores, not memcpy: glibc runs
+// it as `rep movsb` for rows of a few KiB, slower where source and destination alignments differ
+// (relative_bias_cpu.cpp's rows). Here, not in cpu/isa.h: rows_*.cpp include that with other -m flags.
+inline void copy_row(void* dst, const void* src, int64_t n, bool stream) {
+#if defined(__x86_64__) || defined(_M_X64)
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  const int64_t head = stream ? std::min<int64_t>(n, (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16) : 0;
+  std::memcpy(d, s, static_cast<size_t>(head));
+  int64_t i = head;
+  if (stream) {
+    for (; i + 16 <= n; i += 16) {
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+    }
+  } else {
+    for (; i + 16 <= n; i += 16) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+    }
+  }
+  std::memcpy(d + i, s + i, static_cast<size_t>(n - i));
+#else
+  (void)stream;
+  std::memcpy(dst, src, static_cast<size_t>(n));
+#endif
+}
 }  // namespace posenc::cpu

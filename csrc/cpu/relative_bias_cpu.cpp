@@ -4,13 +4,9 @@
 // of that table: one pass over the output, as fast as filling it. The backward sums the gradient
 // along diagonals in fixed row blocks (the same sums for any thread count), then per bucket.
 
-#include <cstring>
 #include <vector>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-
+#include "cpu/isa.h"
 #include "cpu/kernels.h"
 
 namespace posenc::cpu {
@@ -40,28 +36,6 @@ void build_table(const RelativeBiasProblem& p, T* dst, int64_t dst_stride_h) {
   });
 }
 
-// Copies bytes; with `stream`, the 16-byte-aligned body goes out with non-temporal stores: an output
-// far larger than the caches is written without first reading each line into them (the read for
-// ownership a plain store costs), which halves the memory traffic. memcpy is avoided: for these
-// sizes glibc uses `rep movsb`, slow on some CPUs when source and destination alignments differ (here
-// they do: row i reads the table from offset Lq - 1 - i).
-void copy_row(char* __restrict dst, const char* __restrict src, size_t bytes, bool stream) {
-#if defined(__SSE2__)
-  if (stream) {
-    size_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15;
-    if (head > bytes) head = bytes;
-    for (size_t b = 0; b < head; ++b) dst[b] = src[b];
-    size_t b = head;
-    for (; b + 16 <= bytes; b += 16) {
-      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + b), _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + b)));
-    }
-    for (; b < bytes; ++b) dst[b] = src[b];
-    return;
-  }
-#endif
-  for (size_t b = 0; b < bytes; ++b) dst[b] = src[b];
-}
-
 template <typename T>
 void run_bias_typed(const RelativeBiasProblem& p) {
   const int64_t nd = p.diagonals(), lq = p.query_length, lk = p.key_length;
@@ -73,18 +47,20 @@ void run_bias_typed(const RelativeBiasProblem& p) {
   std::vector<T> table(static_cast<size_t>(p.heads * nd));
   build_table<T>(p, table.data(), nd);
   // Row i of head h is the window t = Lq-1-i .. Lq-1-i+Lk-1 of the table (t = j - i + Lq - 1).
-  const bool stream = p.heads * lq * lk * static_cast<int64_t>(sizeof(T)) >= (int64_t{16} << 20);
+  // An output too big to stay in cache, into pages already in memory, with rows on 16-byte
+  // boundaries, is streamed out (cpu/isa.h, Streaming): written so, a line is not first read into the
+  // cache; into fresh pages, which the kernel zeroes into the cache on the first store, plain stores
+  // are faster.
+  const int64_t bytes = p.heads * lq * lk * static_cast<int64_t>(sizeof(T));
+  const bool stream = rows_aligned(out, {lk}, sizeof(T), 16) && cpu_streaming().for_output(bytes, out, bytes);
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(lk, 1));
   torch::stable::parallel_for(0, p.heads * lq, grain, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const int64_t h = row / lq, i = row % lq;
       const T* window = table.data() + h * nd + (lq - 1 - i);
-      copy_row(reinterpret_cast<char*>(out + row * lk), reinterpret_cast<const char*>(window),
-               static_cast<size_t>(lk) * sizeof(T), stream);
+      copy_row(out + row * lk, window, lk * static_cast<int64_t>(sizeof(T)), stream);
     }
-#if defined(__SSE2__)
-    if (stream) _mm_sfence();  // non-temporal stores are ordered before the op returns
-#endif
+    if (stream) end_streaming_stores();
   });
 }
 

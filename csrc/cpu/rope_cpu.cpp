@@ -196,9 +196,7 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
 // In place, the rows are in cache already: plain stores.
 bool streams_output(const RopeProblem& p, int64_t bytes, int64_t element) {
   const auto aligned = [&](const RopeOperand& o) {
-    const auto on64 = [&](int64_t elements) { return elements * element % 64 == 0; };
-    return o.dst != o.src && reinterpret_cast<uintptr_t>(o.dst) % 64 == 0 && on64(o.dst_stride_b) &&
-           on64(o.dst_stride_s) && on64(o.dst_stride_h) && on64(p.pairs());
+    return o.dst != o.src && rows_aligned(o.dst, {o.dst_stride_b, o.dst_stride_s, o.dst_stride_h, p.pairs()}, element, 64);
   };
   if (!aligned(p.q) || (p.k.heads > 0 && !aligned(p.k))) return false;
   // q's output holds most of the bytes: its pages stand for the call's

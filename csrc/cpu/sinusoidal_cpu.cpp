@@ -3,11 +3,7 @@
 // x * x_scale.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <utility>
-#if defined(__x86_64__) || defined(_M_X64)
-#include <emmintrin.h>
-#endif
 #include <vector>
 
 #include "cpu/isa.h"
@@ -61,24 +57,6 @@ struct EncodingRow {
     });
   }
 };
-
-// n bytes from src to dst, with non-temporal stores (cpu/isa.h, Streaming) where dst is 16-byte aligned
-// and plain copies at the ends. SSE2's, which every x86-64 CPU has.
-inline void stream_copy(void* dst, const void* src, int64_t n) {
-#if defined(__x86_64__) || defined(_M_X64)
-  auto* d = static_cast<char*>(dst);
-  const auto* s = static_cast<const char*>(src);
-  const int64_t head = std::min<int64_t>(n, (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16);
-  std::memcpy(d, s, head);
-  int64_t i = head;
-  for (; i + 16 <= n; i += 16) {
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
-  }
-  std::memcpy(d + i, s + i, n - i);
-#else
-  std::memcpy(dst, src, n);
-#endif
-}
 
 // out = x * x_scale + pe, one row.
 template <typename T, typename M>
@@ -149,7 +127,7 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
     } else {
       add_encoding(sum, x, p.x_stride_d, static_cast<M>(p.x_scale), pe, dim);
     }
-    if (stream) stream_copy(out, sum, dim * sizeof(T));
+    if (stream) copy_row(out, sum, dim * sizeof(T), true);
   };
   for (int64_t block = begin; block < end; block += kBlock) {
     const int64_t n = std::min<int64_t>(kBlock, end - block);
@@ -169,7 +147,7 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
       } else {
         angles.at(position_of, EncodingRow<T>{prm, dst});
       }
-      if (stream) stream_copy(out, row, dim * sizeof(T));
+      if (stream) copy_row(out, row, dim * sizeof(T), true);
     }
     if (!p.x) continue;
     if (p.pos_stride_b == 0) {
@@ -189,14 +167,15 @@ void run_typed(const SinusoidalProblem& p) {
   for (int64_t i = 0; i < p.params.half; ++i) freq[i] = p.params.frequency(i);
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(p.params.dim, 1));
   const int64_t units = (p.pos_stride_b == 0 ? 1 : p.batch) * p.seq;  // see sinusoidal_rows
-  // The output (the table, or x plus the encoding), when it is too big to stay in cache: each row is
-  // formed in L1 and streamed out (cpu/isa.h, Streaming). Decided once, before any thread writes.
+  // The output (the table, or x plus the encoding), when it is too big to stay in cache and its rows
+  // start on 16-byte boundaries: each row is formed in L1 and streamed out (cpu/isa.h, Streaming,
+  // rows_aligned). Decided once, before any thread writes.
   const int64_t element = sizeof(T);
   const int64_t out_rows = p.x ? p.batch * p.seq : p.seq;
   const int64_t out_extent =
       output_extent({{p.x ? p.batch : 1, p.out_stride_b}, {p.seq, p.out_stride_s}}, p.params.dim, element);
-  const bool stream =
-      out_extent > 0 && cpu_streaming().for_output(out_rows * p.params.dim * element, p.out, out_extent);
+  const bool stream = out_extent > 0 && rows_aligned(p.out, {p.out_stride_b, p.out_stride_s}, element, 16) &&
+                      cpu_streaming().for_output(out_rows * p.params.dim * element, p.out, out_extent);
   // x's contiguous rows read with software prefetch where the RoPE kernels' rows would be (same size).
   const Prefetch& prefetch = cpu_prefetch();
   const int64_t x_ahead =

@@ -190,6 +190,33 @@ def test_bias_gradient_equals_autograd_through_transformers(device, decoder):
         torch.testing.assert_close(got64, want64, rtol=1e-12, atol=1e-10)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,half_ulp", [(torch.bfloat16, 2.0 ** -8), (torch.float16, 2.0 ** -11)])
+def test_16_bit_bias_gradients_are_the_float64_sums_rounded_once(device, dtype, half_ulp):
+    """A 16-bit gradient's values are summed in float64 (CPU: widened to float32 a chunk of 256 at a
+    time, by the SIMD kernel where there is one) and rounded once: T5's weight gradient to its dtype,
+    within half an ulp of the float64 truth; ALiBi's to its float32 slopes' dtype (alibi_bias_backward
+    returns the float64 sums), within float32's, however far past the 16-bit range (lk=600: fp16
+    sums past 65504, which were infinities when they were rounded to the gradient's dtype first)."""
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, ())))
+    largest = 0.0
+    for lq, lk in [(40, 300), (7, 600), (3, 5)]:
+        w = torch.randn(32, 4, generator=g).to(dtype).to(device).requires_grad_()
+        slopes = (torch.rand(4, generator=g) + 0.1).to(device).requires_grad_()
+        grad = (torch.randn(1, 4, lq, lk, generator=g) + 1).to(dtype).to(device)  # mean 1: ALiBi's sums grow
+        w64, slopes64 = w.detach().double().requires_grad_(), slopes.detach().double().requires_grad_()
+        want = torch.autograd.grad(reference.relative_position_bias(w64, lq, lk, query_offset=1), w64, grad.double())[0]
+        got = torch.autograd.grad(pn.relative_position_bias(w, lq, lk, query_offset=1), w, grad)[0]
+        assert got.dtype == dtype and want.abs().sum() > 0
+        torch.testing.assert_close(got.double(), want, rtol=half_ulp, atol=2.0 ** -24)
+        want = torch.autograd.grad(reference.alibi_bias(slopes64, lq, lk), slopes64, grad.double())[0]
+        got = torch.autograd.grad(pn.alibi_bias(slopes, lq, lk, dtype=dtype), slopes, grad)[0]
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got.double(), want, rtol=2.0 ** -24, atol=0)
+        largest = max(largest, want.abs().max().item())
+    assert largest > 65504  # a slopes gradient past fp16's range
+
+
 def test_bias_backward_is_deterministic_across_thread_counts():
     g = torch.randn(1, 8, 700, 900)
     runs = []

@@ -118,7 +118,7 @@ struct RelativeBiasGradProblem {
   const void* grad = nullptr;
   int64_t grad_stride_h = 0, grad_stride_i = 0, grad_stride_j = 1;
   double* diagonal = nullptr;  // [heads, diagonals()] scratch, contiguous
-  void* out = nullptr;         // T5: [num_buckets, heads]; ALiBi: [heads]; contiguous
+  void* out = nullptr;         // T5: [num_buckets, heads] in grad's dtype; ALiBi: [heads] float64; contiguous
 
   POSENC_HD int64_t diagonals() const { return query_length + key_length - 1; }
   POSENC_HD int64_t relative(int64_t t) const { return t - (query_length - 1) - query_offset; }
@@ -141,7 +141,9 @@ POSENC_HD void diagonal_sum_item(const RelativeBiasGradProblem& p, int64_t w) {
 }
 
 // The last stage, one output element per work item, diagonals ascending. T5: w = b * heads + h
-// sums the diagonals whose relative position falls in bucket b. ALiBi: w = h sums diagonal * r.
+// sums the diagonals whose relative position falls in bucket b, in the gradient's dtype T (the
+// weight's). ALiBi: w = h sums diagonal * r, kept in float64: the slopes' dtype is not the bias's
+// (float32 slopes, an fp16 bias), and rounded to T first a sum past 65504 became inf in fp16.
 template <typename T>
 POSENC_HD void bias_grad_item(const RelativeBiasGradProblem& p, int64_t w) {
   const int64_t nd = p.diagonals();
@@ -155,6 +157,8 @@ POSENC_HD void bias_grad_item(const RelativeBiasGradProblem& p, int64_t w) {
   } else {
     const double* d = p.diagonal + w * nd;
     for (int64_t t = 0; t < nd; ++t) acc += d[t] * static_cast<double>(p.relative(t));
+    static_cast<double*>(p.out)[w] = acc;
+    return;
   }
   static_cast<T*>(p.out)[w] = from_math<T>(static_cast<math_t<T>>(acc));
 }

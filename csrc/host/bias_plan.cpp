@@ -159,7 +159,8 @@ Tensor alibi_bias_backward_op(const AlibiBackwardArgs& a, const Backend& backend
   const Tensor& grad = a.grad;
   RelativeBiasGradProblem p = grad_problem(op, grad, a.query_offset);
   p.kind = BiasKind::Alibi;
-  Tensor out = empty({p.heads}, dtype_of(grad), grad);
+  // The float64 sums (core/relative_bias.h, bias_grad_item): autograd rounds them once to the slopes' dtype.
+  Tensor out = empty({p.heads}, ScalarType::Double, grad);
   return run_grad(p, grad, out, backend);
 }
 

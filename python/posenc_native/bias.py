@@ -176,7 +176,7 @@ def _alibi_bias_fake(*args):
 def _alibi_bias_backward_fake(*args):
     grad = bind("alibi_bias_backward", args).grad
     torch._check(grad.dim() == 4, lambda: f"posenc.alibi_bias_backward: grad must be 4-D, got {grad.dim()}-D")
-    return grad.new_empty((grad.shape[1],))
+    return grad.new_empty((grad.shape[1],), dtype=torch.float64)  # the float64 sums, rounded by the autograd
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
-"""The CPU RoPE kernels (and the sinusoidal ops' 16-bit rows) have one SIMD body per instruction set
-(csrc/cpu/isa.h: avx2, avx512, avx512bf16) and a portable loop; POSENC_CPU_ISA caps the path. The float64-reference tests exercise
-whichever path this CPU takes; these tests run the same problems on every path this CPU has, each in
-its own process, and require the portable path's bits, with the SIMD kernels' software prefetch
-(POSENC_CPU_PREFETCH) on and off (on by default except on AMD Zen 4), and on the AVX-512 paths with fp16
-and float32 rows in 256- and 512-bit vectors (POSENC_CPU_VECTOR_BITS; by default 512 on AMD Zen 5 for fp16,
-and for float32 under 32 MiB of rows): none may change bits.
+"""The CPU RoPE kernels (and the 16-bit rows of the sinusoidal ops, of cos/sin tables and of bias
+gradients) have one SIMD body per instruction set (csrc/cpu/isa.h: avx2, avx512, avx512bf16) and a
+portable loop; POSENC_CPU_ISA caps the path. The float64-reference tests exercise whichever path this
+CPU takes; these tests run the same problems on every path this CPU has, each in its own process, and
+require the portable path's bits, with the SIMD kernels' software prefetch (POSENC_CPU_PREFETCH) on
+and off (on by default except on AMD Zen 4), and on the AVX-512 paths with fp16 and float32 rows in
+256- and 512-bit vectors (POSENC_CPU_VECTOR_BITS; by default 512 on AMD Zen 5 for fp16, and for
+float32 under 32 MiB of rows): none may change bits.
 
 Known exceptions, avoided by these inputs (random normal values): NaN payloads (F16C and
 vcvtneps2bf16 keep them, the portable conversions write one canonical NaN) and, on avx512bf16, bf16
@@ -81,6 +82,15 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
         out.append(pn.add_sinusoidal(x.transpose(1, 2).contiguous().transpose(1, 2), offset=3))
         out.append(pn.sinusoidal_table(pos[0], shape[2], dtype=dtype))
         out.append(pn.sinusoidal_table(pos[0], shape[2], interleaved=False, dtype=dtype))
+    # the bias gradients (csrc/cpu/relative_bias_cpu.cpp: 16-bit rows widened by the SIMD kernel, in
+    # chunks of 256): rows of 300 keys (a chunk and a tail) and of 5, contiguous and strided
+    for lq, lk in ((40, 300), (9, 5)):
+        w = torch.randn(32, 3, generator=g).to(dtype).requires_grad_()
+        slopes = (torch.rand(3, generator=g) + 0.1).requires_grad_()
+        grad = torch.randn(1, 3, lq, lk, generator=g).to(dtype)
+        for gr in (grad, grad.transpose(2, 3).contiguous().transpose(2, 3)):
+            out.append(torch.autograd.grad(pn.relative_position_bias(w, lq, lk, query_offset=2), w, gr)[0])
+            out.append(torch.autograd.grad(pn.alibi_bias(slopes, lq, lk, dtype=dtype), slopes, gr)[0])
 torch.save(out, sys.argv[1])
 """
 

@@ -67,6 +67,12 @@ using RotateUniformFn = int64_t (*)(const void* src, void* dst, int64_t rows, in
 // elements done, the rest left to the compiled loop.
 using EncodingRowFn = int64_t (*)(void* out, const void* x, float x_scale, const float* pe, int64_t n);
 
+// The whole vectors of a row of n contiguous 16-bit elements as float32, dst[d] = src[d] (exact);
+// returns the elements done, the rest left to the compiled loop (to_math). Where a loop reads an
+// fp16 row that is not q or k: a cos/sin table's rows (rope_cpu.cpp), a bias gradient's
+// (relative_bias_cpu.cpp).
+using WidenRowFn = int64_t (*)(const void* src, float* dst, int64_t n);
+
 enum RowDtype : int { kRowFloat = 0, kRowBFloat16 = 1, kRowHalf = 2 };
 
 struct RowKernels {
@@ -74,6 +80,7 @@ struct RowKernels {
   OrderRowFn order[3];               // [RowDtype]: the order both kinds of kernel read their rows in
   RotateUniformFn uniform[3][2][2];  // [RowDtype][interleaved][inverse]; interleaved: even/odd policies only
   EncodingRowFn encoding[3];         // [RowDtype]
+  WidenRowFn widen[3];               // [RowDtype]; fp16 only (bf16's compiled conversion, a shift, measured faster)
 };
 
 // The row kernels of each SIMD path, with or without prefetch, with or without non-temporal stores

@@ -29,6 +29,14 @@ constexpr int kRowDtype = std::is_same_v<T, float>            ? kRowFloat
                           : std::is_same_v<T, c10::Half>     ? kRowHalf
                                                               : -1;
 
+// src's n elements as float32 in dst: the whole vectors by the path's kernel where there is one
+// (`widen`, cpu/isa.h, WidenRowFn), the rest by the compiled conversion (to_math); the same values.
+template <typename T>
+inline void widen_row(const T* src, float* dst, int64_t n, WidenRowFn widen) {
+  int64_t k = widen ? widen(src, dst, n) : 0;
+  for (; k < n; ++k) dst[k] = to_math<float>(src[k]);
+}
+
 // n bytes from src to dst in 16-byte vectors (SSE2, which every x86-64 CPU has; memcpy elsewhere).
 // With `stream`, non-temporal stores where dst is 16-byte aligned and plain copies at the ends: a row
 // formed in L1 streamed out, where cpu_streaming().for_output and rows_aligned allow it (cpu/isa.h;

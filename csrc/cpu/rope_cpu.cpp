@@ -109,7 +109,7 @@ const double* frequencies_in_order(OrderRowFn order, const double* freq, int64_t
 // Tokens [begin, end): per token the factor rows of every pair, then every q and k head rotated with them.
 template <typename T, bool kInterleaved, bool kInverse>
 POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, OrderRowFn order,
-                                   RotateUniformFn uniform, int64_t begin, int64_t end) {
+                                   RotateUniformFn uniform, WidenRowFn widen, int64_t begin, int64_t end) {
   using M = math_t<T>;
   const int64_t pairs = p.pairs();
   // Factor rows on 64-byte boundaries, so no vector load of them straddles two cache lines (none
@@ -182,10 +182,22 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
     return;
   }
   // A given cos/sin table: c1/s1 at first(i), c2/s2 at second(i) (the two halves may differ).
+  // fp16 rows are widened to float32 by the SIMD kernel first (`widen`, run_typed; cpu/isa.h).
+  float* wide = widen ? thread_rows<float, kTableRows>(2 * row_len) : nullptr;
   for (int64_t t = begin; t < end; ++t, next_token()) {
     const int64_t row = p.cos_sin_row(tb, ts);
-    factor_rows_from_table<kInterleaved, kInverse>(static_cast<const T*>(p.cos) + row, static_cast<const T*>(p.sin) + row,
-                                                   pairs, C, S);
+    const T* cos_row = static_cast<const T*>(p.cos) + row;
+    const T* sin_row = static_cast<const T*>(p.sin) + row;
+    if constexpr (kRowDtype<T> > kRowFloat) {
+      if (wide) {
+        widen_row(cos_row, wide, 2 * pairs, widen);
+        widen_row(sin_row, wide + row_len, 2 * pairs, widen);
+        factor_rows_from_table<kInterleaved, kInverse>(wide, wide + row_len, pairs, C, S);
+        rotate_token(tb, ts);
+        continue;
+      }
+    }
+    factor_rows_from_table<kInterleaved, kInverse>(cos_row, sin_row, pairs, C, S);
     rotate_token(tb, ts);
   }
 }
@@ -210,6 +222,7 @@ void run_typed(const RopeProblem& p) {
   RotateRowFn simd = nullptr;
   OrderRowFn order = nullptr;
   RotateUniformFn uniform = nullptr;  // from frequencies only
+  WidenRowFn widen = nullptr;         // a given fp16 cos/sin table only (cpu/isa.h, RowKernels)
   const int64_t tokens = p.batch * p.seq;
   const int64_t per_token = std::max<int64_t>((p.q.heads + p.k.heads) * p.head_dim, 1);  // elements
   bool stream = false;
@@ -222,11 +235,12 @@ void run_typed(const RopeProblem& p) {
       simd = k->rotate[kRowDtype<T>][kInterleaved ? 1 : 0];
       order = k->order[kRowDtype<T>];
       if (p.inv_freq) uniform = k->uniform[kRowDtype<T>][kInterleaved ? 1 : 0][kInverse ? 1 : 0];
+      if (!p.inv_freq) widen = k->widen[kRowDtype<T>];
     }
   }
   const int64_t grain = std::max<int64_t>(1, 32768 / per_token);
   const auto run = [&](int64_t begin, int64_t end) {
-    rope_tokens<T, kInterleaved, kInverse>(p, simd, order, uniform, begin, end);
+    rope_tokens<T, kInterleaved, kInverse>(p, simd, order, uniform, widen, begin, end);
     if (stream) end_streaming_stores();
   };
   if (tokens <= grain) {  // one chunk (a decode step): as parallel_for would run it, without its ~50 ns

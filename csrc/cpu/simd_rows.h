@@ -485,6 +485,21 @@ int64_t encoding_row_simd(void* out_v, const void* x_v, float x_scale, const flo
   return full;
 }
 
+// WidenRowFn (cpu/isa.h): a 16-bit row's whole vectors widened to float32 by the path's load (F16C
+// for fp16). fp16's compiled conversion (to_math, integer operations) is several instructions per
+// element: the fp16 bias backward took 4.3x the time of grad.sum() with it, a one-head fp16 table
+// prefill 1.7x its frequency path. bf16's is a shift, and its compiled loop measured faster
+// (table prefill ~10%, bias backward ~15%): no bf16 kernel in the table.
+template <class I, class D>
+int64_t widen_row_simd(const void* src_v, float* dst, int64_t n) {
+  using T = typename D::T;
+  constexpr int W = I::kLanes;
+  const T* src = static_cast<const T*>(src_v);
+  const int64_t full = n / W * W;
+  for (int64_t d = 0; d < full; d += W) Io<I, Float>::store(dst + d, Io<I, D>::load(src + d));
+  return full;
+}
+
 template <class I, class D, class Mv>
 constexpr RotateRowFn kRotate[2] = {rotate_row_simd<I, D, false, Mv>, rotate_row_simd<I, D, true, Mv>};
 
@@ -539,7 +554,8 @@ constexpr RowKernels kRowKernels = {{{kRotate<F, Float, Mv>[0], kRotate<F, Float
                                       {kUniform<B, BFloat16, Mv>[1][0], kUniform<B, BFloat16, Mv>[1][1]}},
                                      {{kUniform<H, Half, Mv>[0][0], kUniform<H, Half, Mv>[0][1]},
                                       {kUniform<H, Half, Mv>[1][0], kUniform<H, Half, Mv>[1][1]}}},
-                                    {nullptr, encoding_row_simd<B, BFloat16, Mv>, encoding_row_simd<H, Half, Mv>}};
+                                    {nullptr, encoding_row_simd<B, BFloat16, Mv>, encoding_row_simd<H, Half, Mv>},
+                                    {nullptr, nullptr, widen_row_simd<H, Half>}};
 
 // The tables of one instruction set (rows_*.cpp): [prefetch][stream], fp16 rows in vectors H and
 // float32 rows in F (the path's own on the AVX-512 paths where isa.h's VectorWidth says so).

@@ -39,7 +39,7 @@ T* thread_rows(int64_t n) {
   if (static_cast<int64_t>(rows.size()) < n) rows = RowVector<T>(n);
   return rows.data();
 }
-enum RowSlot { kStreamMath, kStreamF64, kStreamAxes, kFactorRows, kEncodingRows, kStreamedRow };
+enum RowSlot { kStreamMath, kStreamF64, kStreamAxes, kFactorRows, kTableRows, kEncodingRows, kStreamedRow };
 
 // sin/cos(position * freq[i]) * amplitude for i < n, in the math type M, for rows of a problem (a
 // token, an encoding row) as the CPU loops visit them. Each row's values are a function of its

@@ -188,7 +188,7 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
     const int64_t row = p.cos_sin_row(tb, ts);
     const T* cos_row = static_cast<const T*>(p.cos) + row;
     const T* sin_row = static_cast<const T*>(p.sin) + row;
-    if constexpr (kRowDtype<T> > kRowFloat) {
+    if constexpr (std::is_same_v<T, c10::Half>) {
       if (wide) {
         widen_row(cos_row, wide, 2 * pairs, widen);
         widen_row(sin_row, wide + row_len, 2 * pairs, widen);
@@ -208,7 +208,8 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
 // In place, the rows are in cache already: plain stores.
 bool streams_output(const RopeProblem& p, int64_t bytes, int64_t element) {
   const auto aligned = [&](const RopeOperand& o) {
-    return o.dst != o.src && rows_aligned(o.dst, {o.dst_stride_b, o.dst_stride_s, o.dst_stride_h, p.pairs()}, element, 64);
+    return o.dst != o.src &&
+           rows_aligned(o.dst, {o.dst_stride_b, o.dst_stride_s, o.dst_stride_h, p.pairs()}, element, 64);
   };
   if (!aligned(p.q) || (p.k.heads > 0 && !aligned(p.k))) return false;
   // q's output holds most of the bytes: its pages stand for the call's

@@ -12,7 +12,7 @@
 // POSENC_CPU_PORTABLE=1 is the older spelling of POSENC_CPU_ISA=portable.
 //
 // Each SIMD path has its kernels four times: with and without software prefetch of the rows ahead
-// (simd_rows.h, prefetch_ahead), and with and without non-temporal stores (Streaming, below).
+// (prefetch_lines, below), and with and without non-temporal stores (Streaming, below).
 // Prefetch is on by default, where it measured faster (Intel, AMD Zen 3 and Zen 5), except on AMD
 // Zen 4 (measured slower with it); POSENC_CPU_PREFETCH=0|1 overrides. Neither changes bits.
 //
@@ -102,7 +102,7 @@ const char* isa_name(Isa isa);
 //     more sequences gain on Intel: B=64 38-41 -> 29-34 us), or by default on AMD Zen 2/3 16 MiB and
 //     on Zen 5 32 MiB, under which they stay in L3 from call to call. POSENC_CPU_PREFETCH=1 sets 32 KiB
 //     everywhere;
-//   distance: how many bytes ahead of a step's reads it prefetches (simd_rows.h, prefetch_ahead).
+//   distance: how many bytes ahead of a step's reads it prefetches (prefetch_lines, below).
 struct Prefetch {
   bool on;
   int64_t from_bytes;
@@ -112,6 +112,12 @@ struct Prefetch {
 };
 // Throws on a POSENC_CPU_PREFETCH value other than 0 or 1.
 const Prefetch& cpu_prefetch();
+// The software prefetch itself, for every loop that takes it: the 64-byte lines of the `bytes` bytes
+// at p + ahead, into L1. A prefetch never faults, so lines past a tensor's end are harmless.
+[[gnu::always_inline]] inline void prefetch_lines(const void* p, int64_t bytes, int64_t ahead) {
+  const char* first = static_cast<const char*>(p) + ahead;
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(first + b);
+}
 // Whether a call's rows take 512-bit vectors on the AVX-512 paths (bf16 rows always do), chosen once
 // per process (isa.cpp, cpu_vector_width): on CPUs that execute 512-bit operations at full width (AMD
 // Zen 5 and later) fp16 rows always, and float32 rows in calls under fp32_wide_below bytes of rows,

@@ -80,10 +80,7 @@ POSENC_CPU_CLONES void add_rows(const T* g, int64_t stride_i, int64_t stride_j, 
     double* __restrict d = part + (lq - 1 - i);
     for (int64_t j0 = 0; j0 < lk; j0 += kChunk) {
       const int64_t n = std::min(kChunk, lk - j0);
-      if (ahead > 0) {
-        const char* next = reinterpret_cast<const char*>(row + j0) + ahead;
-        for (int64_t b = 0; b < n * static_cast<int64_t>(sizeof(T)); b += 64) __builtin_prefetch(next + b);
-      }
+      if (ahead > 0) prefetch_lines(row + j0, n * static_cast<int64_t>(sizeof(T)), ahead);
       if constexpr (std::is_same_v<math_t<T>, T>) {  // float32, float64
         if (stride_j == 1) {
           for (int64_t k = 0; k < n; ++k) d[j0 + k] += static_cast<double>(row[j0 + k]);

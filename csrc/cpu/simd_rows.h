@@ -275,14 +275,11 @@ template <class I, class IO, bool kStream, int K, typename T, typename F>
 // servers one core's bandwidth is bound by the misses it keeps in flight, and a rotation step has more
 // instructions than the floor's multiply, so fewer of its loads are in flight: with this, float32 rows
 // went from 1.10-1.45x to 0.8-0.9x the in-place floor (benchmarks/RESULTS.md); on AMD Zen 3, fp16 and
-// bf16 from ~1.0x and ~0.94x to ~0.8x. AMD Zen 4 measured slower with it. A prefetch never faults,
-// so one past the tensor's end is harmless.
+// bf16 from ~1.0x and ~0.94x to ~0.8x. AMD Zen 4 measured slower with it. prefetch_lines (isa.h)
+// issues it.
 template <bool kPrefetch, typename T>
 [[gnu::always_inline]] inline void prefetch_ahead(const T* p, int bytes, int64_t distance) {
-  if constexpr (kPrefetch) {
-    const char* ahead = reinterpret_cast<const char*>(p) + distance;
-    for (int b = 0; b < bytes; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
-  }
+  if constexpr (kPrefetch) prefetch_lines(p, bytes, distance);
 }
 
 // How a kernel moves its rows: with software prefetch (above) or not, and writing with non-temporal

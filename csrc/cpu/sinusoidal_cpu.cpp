@@ -73,7 +73,7 @@ void add_encoding_prefetched(T* __restrict__ out, const T* x, M x_scale, const M
   constexpr int64_t kLine = 64 / sizeof(T);
   const int64_t lines = dim / kLine * kLine;
   for (int64_t d0 = 0; d0 < lines; d0 += kLine) {
-    __builtin_prefetch(reinterpret_cast<const char*>(x + d0) + ahead);
+    prefetch_lines(x + d0, 64, ahead);
     for (int64_t d = d0; d < d0 + kLine; ++d) out[d] = from_math<T>(to_math<M>(x[d]) * x_scale + pe[d]);
   }
   add_encoding(out + lines, x + lines, 1, x_scale, pe + lines, dim - lines);

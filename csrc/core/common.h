@@ -31,6 +31,12 @@ namespace posenc {
 template <typename T>
 using math_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
+// The two elements of pair i in a row of `pairs` pairs: (2i, 2i + 1) interleaved (GPT-J, RoFormer),
+// (i, i + pairs) half-split (GPT-NeoX, Llama). RoPE rotates them (core/rope.h); the sinusoidal
+// encoding puts sin and cos there (core/sinusoidal.h).
+POSENC_HD int64_t pair_first(bool interleaved, int64_t i) { return interleaved ? 2 * i : i; }
+POSENC_HD int64_t pair_second(bool interleaved, int64_t i, int64_t pairs) { return interleaved ? 2 * i + 1 : i + pairs; }
+
 }  // namespace posenc
 
 namespace posenc {

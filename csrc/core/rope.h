@@ -61,8 +61,8 @@ struct RopeProblem {
   }
 
   POSENC_HD int64_t pairs() const { return rot_dim / 2; }
-  POSENC_HD int64_t first(int64_t i) const { return interleaved ? 2 * i : i; }
-  POSENC_HD int64_t second(int64_t i) const { return interleaved ? 2 * i + 1 : i + rot_dim / 2; }
+  POSENC_HD int64_t first(int64_t i) const { return pair_first(interleaved, i); }
+  POSENC_HD int64_t second(int64_t i) const { return pair_second(interleaved, i, pairs()); }
 
   // Position of token (b, s) on axis a.
   POSENC_HD int64_t position(int64_t b, int64_t s, int64_t a = 0) const {
@@ -166,7 +166,7 @@ namespace posenc {
 // b * (-s) is subtracting b * s. set_factors fills pair i's entries.
 template <bool kInterleaved, bool kInverse, typename M>
 POSENC_HD void set_factors(M* C, M* S, int64_t pairs, int64_t i, M c1, M s1, M c2, M s2) {
-  const int64_t a = kInterleaved ? 2 * i : i, b = kInterleaved ? 2 * i + 1 : i + pairs;
+  const int64_t a = pair_first(kInterleaved, i), b = pair_second(kInterleaved, i, pairs);
   C[a] = c1;
   C[b] = c2;
   S[a] = kInverse ? s2 : -s1;
@@ -202,7 +202,7 @@ template <bool kInterleaved, bool kInverse, typename M, typename T>
 inline void factor_rows_from_table(const T* __restrict__ cos, const T* __restrict__ sin, int64_t pairs,
                                    M* __restrict__ C, M* __restrict__ S) {
   for (int64_t i = 0; i < pairs; ++i) {
-    const int64_t a = kInterleaved ? 2 * i : i, b = kInterleaved ? 2 * i + 1 : i + pairs;
+    const int64_t a = pair_first(kInterleaved, i), b = pair_second(kInterleaved, i, pairs);
     set_factors<kInterleaved, kInverse>(C, S, pairs, i, to_math<M>(cos[a]), to_math<M>(sin[a]), to_math<M>(cos[b]),
                                         to_math<M>(sin[b]));
   }
@@ -213,14 +213,12 @@ inline void factor_rows_from_table(const T* __restrict__ cos, const T* __restric
 template <bool kInterleaved, typename T, typename M>
 inline void rotate_row(const T* src, T* dst, int64_t pairs, const M* __restrict__ C, const M* __restrict__ S,
                        int64_t first_pair = 0) {
-  const int64_t second = kInterleaved ? 1 : pairs;
-  const int64_t step = kInterleaved ? 2 : 1;
   // In place src == dst: each iteration reads its own pair before writing it and touches no other
   // iteration's elements, so vectorizing is safe (the compiler cannot prove it; it would fall back
   // to a scalar loop whenever src and dst overlap).
 #pragma GCC ivdep
   for (int64_t i = first_pair; i < pairs; ++i) {
-    const int64_t ia = i * step, ib = ia + second;
+    const int64_t ia = pair_first(kInterleaved, i), ib = pair_second(kInterleaved, i, pairs);
     const M a = to_math<M>(src[ia]);
     const M b = to_math<M>(src[ib]);
     dst[ia] = from_math<T>(a * C[ia] + b * S[ia]);
@@ -239,7 +237,7 @@ inline void rotate_row_uniform(const T* src, T* dst, int64_t pairs, const M* __r
                                const M* __restrict__ s, int64_t first_pair = 0) {
 #pragma GCC ivdep
   for (int64_t i = first_pair; i < pairs; ++i) {  // in place: as in rotate_row
-    const int64_t ia = kInterleaved ? 2 * i : i, ib = kInterleaved ? 2 * i + 1 : i + pairs;
+    const int64_t ia = pair_first(kInterleaved, i), ib = pair_second(kInterleaved, i, pairs);
     const M a = to_math<M>(src[ia]);
     const M b = to_math<M>(src[ib]);
     if constexpr (!kInverse) {

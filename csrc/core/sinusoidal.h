@@ -25,11 +25,12 @@ struct SinusoidalParams {
   POSENC_HD double frequency(int64_t i) const {
     return ::exp(-log_base * static_cast<double>(i) / freq_denom) * angle_scale;
   }
+  // Pair i's columns (core/common.h, pair_first): sin in the first, cos in the second, or the reverse.
   POSENC_HD int64_t sin_col(int64_t i) const {
-    return interleaved ? 2 * i + (cos_first ? 1 : 0) : i + (cos_first ? half : 0);
+    return cos_first ? pair_second(interleaved, i, half) : pair_first(interleaved, i);
   }
   POSENC_HD int64_t cos_col(int64_t i) const {
-    return interleaved ? 2 * i + (cos_first ? 0 : 1) : i + (cos_first ? 0 : half);
+    return cos_first ? pair_first(interleaved, i) : pair_second(interleaved, i, half);
   }
 };
 

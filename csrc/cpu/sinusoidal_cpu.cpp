@@ -79,36 +79,53 @@ void add_encoding_prefetched(T* __restrict__ out, const T* x, M x_scale, const M
   add_encoding(out + lines, x + lines, 1, x_scale, pe + lines, dim - lines);
 }
 
-// The table's fp16 rows are formed in float32, then converted (by the SIMD kernel where the path
-// has one): written as formed, their conversion kept the compiled loop scalar, and a [8192, 512]
-// table took 8.4 ms (c10's conversion) or 11 ms (csrc/core/common.h's), against 2.4 ms formed
-// first and converted by the compiled loop, 1.0 ms by the kernel. float32 and bf16 rows are written
-// as formed (the compiler vectorizes bf16's conversion; through the kernel they measured ~8% slower
-// on the AVX2 path).
+// Whether the table's rows are formed in float32, then converted (by the SIMD kernel where the path
+// has one), on path `isa`. fp16 rows always: written as formed, their conversion kept the compiled
+// loop scalar, and a [8192, 512] table took 8.4 ms (c10's conversion) or 11 ms (csrc/core/common.h's),
+// against 2.4 ms formed first and converted by the compiled loop, 1.0 ms by the kernel. bf16 rows on
+// the AVX-512 paths, whose kernel converts 16 lanes at a time (one instruction with AVX512-BF16): a
+// [32768, 1024] table on one thread of an Intel Xeon took 9.7 ms written as formed, 9.4 ms (Avx512)
+// and 8.0 ms (Avx512Bf16) so; on the AVX2 path the compiled conversion is as wide, and the kernel's
+// extra pass measured 8% slower. float32 rows are written as formed.
 template <typename T>
-constexpr bool kTableFormedInFloat = std::is_same_v<T, c10::Half>;
+bool table_formed_in_float(Isa isa) {
+  if constexpr (std::is_same_v<T, c10::Half>) return true;
+  if constexpr (std::is_same_v<T, c10::BFloat16>) return isa == Isa::Avx512 || isa == Isa::Avx512Bf16;
+  return false;
+}
+
+// How a call's rows are written, decided once per call (run_typed):
+//   stream: each output row formed in L1 and streamed out (cpu/isa.h, Streaming);
+//   x_ahead: how far ahead add_sinusoidal prefetches x's rows (0: not at all);
+//   simd: the SIMD kernel (isa.h, EncodingRowFn) for add_sinusoidal's contiguous rows and the
+//     table's rows formed in float32, where the path has one;
+//   table_in_float: the table's rows are formed in float32 first (table_formed_in_float).
+struct RowsPlan {
+  bool stream = false;
+  int64_t x_ahead = 0;
+  EncodingRowFn simd = nullptr;
+  bool table_in_float = false;
+};
 
 // Units [begin, end): unit u is (position row pb, s). The table op writes each unit's encoding
-// row directly (or as kTableFormedInFloat says); add_sinusoidal lays a block of them out in
-// pe_rows, then streams through x batch row by batch row (every batch row when positions are
+// row directly (or formed in float32 first, as the plan says); add_sinusoidal lays a block of them
+// out in pe_rows, then streams through x batch row by batch row (every batch row when positions are
 // [S]), so memory moves in long runs.
-// x_ahead: how far ahead add_sinusoidal prefetches x's rows (0: not at all); simd: the SIMD kernel
-// (isa.h, EncodingRowFn) for add_sinusoidal's contiguous rows and the table's rows formed in
-// float32, where the path has one (run_typed).
 template <typename T>
-POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double* freq, bool stream, int64_t x_ahead,
-                                       EncodingRowFn simd, int64_t begin, int64_t end) {
+POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double* freq, const RowsPlan& plan,
+                                       int64_t begin, int64_t end) {
   using M = math_t<T>;
   constexpr int64_t kBlock = 16;
   const SinusoidalParams& prm = p.params;
   const int64_t half = prm.half, dim = prm.dim;
+  const bool stream = plan.stream;
+  const bool in_float = !std::is_same_v<T, M> && plan.table_in_float;  // see run_typed
+  const EncodingRowFn simd = plan.simd;
   SinCosStream<M> angles(freq, half, M(1));
   // A block's encoding rows, and a row formed in L1 to be streamed out (run_typed), in this thread's
   // buffers (sincos_stream.h): as vectors they were allocated and zeroed per call, 64 KiB for a
   // 1024-dim decode step's one row (~1 us of ~5 us).
-  M* pe_rows = p.x || kTableFormedInFloat<T>
-                   ? thread_rows<M, kEncodingRows>(std::min<int64_t>(kBlock, end - begin) * dim)
-                   : nullptr;
+  M* pe_rows = p.x || in_float ? thread_rows<M, kEncodingRows>(std::min<int64_t>(kBlock, end - begin) * dim) : nullptr;
   T* row = stream ? thread_rows<T, kStreamedRow>(dim) : nullptr;
   const auto add_row = [&](int64_t b, int64_t s, const M* pe) {
     T* out = static_cast<T*>(p.out) + b * p.out_stride_b + s * p.out_stride_s;
@@ -120,8 +137,8 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
     }
     if (done > 0) {
       add_encoding(sum + done, x + done, 1, static_cast<M>(p.x_scale), pe + done, dim - done);
-    } else if (x_ahead > 0) {
-      add_encoding_prefetched(sum, x, static_cast<M>(p.x_scale), pe, dim, x_ahead);
+    } else if (plan.x_ahead > 0) {
+      add_encoding_prefetched(sum, x, static_cast<M>(p.x_scale), pe, dim, plan.x_ahead);
     } else if (p.x_stride_d == 1) {
       add_encoding(sum, x, 1, static_cast<M>(p.x_scale), pe, dim);
     } else {
@@ -140,13 +157,14 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
       }
       T* out = static_cast<T*>(p.out) + u % p.seq * p.out_stride_s;  // the table: batch 1
       T* dst = stream ? row : out;
-      if constexpr (kTableFormedInFloat<T>) {
-        angles.at(position_of, EncodingRow<M>{prm, pe_rows});
-        const int64_t done = simd ? simd(dst, nullptr, 0.0f, pe_rows, dim) : 0;
-        for (int64_t d = done; d < dim; ++d) dst[d] = from_math<T>(pe_rows[d]);
-      } else {
-        angles.at(position_of, EncodingRow<T>{prm, dst});
+      if constexpr (std::is_same_v<M, float> && !std::is_same_v<T, M>) {  // 16-bit rows
+        if (in_float) {
+          angles.at(position_of, EncodingRow<M>{prm, pe_rows});
+          const int64_t done = simd ? simd(dst, nullptr, 0.0f, pe_rows, dim) : 0;
+          for (int64_t d = done; d < dim; ++d) dst[d] = from_math<T>(pe_rows[d]);
+        }
       }
+      if (!in_float) angles.at(position_of, EncodingRow<T>{prm, dst});
       if (stream) copy_row(out, row, dim * sizeof(T), true);
     }
     if (!p.x) continue;
@@ -174,24 +192,24 @@ void run_typed(const SinusoidalProblem& p) {
   const int64_t out_rows = p.x ? p.batch * p.seq : p.seq;
   const int64_t out_extent =
       output_extent({{p.x ? p.batch : 1, p.out_stride_b}, {p.seq, p.out_stride_s}}, p.params.dim, element);
-  const bool stream = out_extent > 0 && rows_aligned(p.out, {p.out_stride_b, p.out_stride_s}, element, 16) &&
-                      cpu_streaming().for_output(out_rows * p.params.dim * element, p.out, out_extent);
+  RowsPlan plan;
+  plan.stream = out_extent > 0 && rows_aligned(p.out, {p.out_stride_b, p.out_stride_s}, element, 16) &&
+                cpu_streaming().for_output(out_rows * p.params.dim * element, p.out, out_extent);
   // x's contiguous rows read with software prefetch where the RoPE kernels' rows would be (same size).
   const Prefetch& prefetch = cpu_prefetch();
-  const int64_t x_ahead =
+  plan.x_ahead =
       p.x && p.x_stride_d == 1 && prefetch.for_rows(out_rows * p.params.dim * element) ? prefetch.distance : 0;
-  // The SIMD kernel: add_sinusoidal's contiguous rows, and the table's rows formed in float32.
-  EncodingRowFn simd = nullptr;
+  plan.table_in_float = !p.x && table_formed_in_float<T>(cpu_isa());
   if constexpr (kRowDtype<T> >= 0) {
     const int64_t bytes = out_rows * p.params.dim * element;
     const bool wide = cpu_vector_width().wide(kRowDtype<T>, bytes);
-    const bool rows = p.x ? p.x_stride_d == 1 : kTableFormedInFloat<T>;
-    if (const RowKernels* k = rows ? row_kernels(cpu_isa(), x_ahead > 0, false, wide) : nullptr) {
-      simd = k->encoding[kRowDtype<T>];
+    const bool rows = p.x ? p.x_stride_d == 1 : plan.table_in_float;
+    if (const RowKernels* k = rows ? row_kernels(cpu_isa(), plan.x_ahead > 0, false, wide) : nullptr) {
+      plan.simd = k->encoding[kRowDtype<T>];
     }
   }
   torch::stable::parallel_for(0, units, grain, [&](int64_t begin, int64_t end) {
-    sinusoidal_rows<T>(p, freq.data(), stream, x_ahead, simd, begin, end);
+    sinusoidal_rows<T>(p, freq.data(), plan, begin, end);
   });
 }
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import ctypes.util
+import itertools
 import math
 import os
 import platform
@@ -377,12 +378,14 @@ def section_decode(s: Settings) -> list[Row]:
         print("note: transformers or its integration is not importable: no patched-model decode row")
     rows = []
     g = torch.Generator().manual_seed(2)
-    for B in (1, 64):
-        q = torch.randn(B, 1, Hq, D, generator=g)
-        k = torch.randn(B, 1, Hk, D, generator=g)
+    # float32, and the 16-bit dtypes a server runs (their rows through the SIMD row kernels); the
+    # patched model's row in float32 only
+    for B, dtype in itertools.product((1, 64), (torch.float32, torch.bfloat16, torch.float16)):
+        q = torch.randn(B, 1, Hq, D, generator=g).to(dtype)
+        k = torch.randn(B, 1, Hk, D, generator=g).to(dtype)
         pos = torch.full((B, 1), 1000, dtype=torch.long)
-        c = torch.tensor(0.999)
-        name = f"decode B={B} q=[{B},1,{Hq},{D}] k=[..,{Hk},..] float32"
+        c = torch.tensor(0.999, dtype=dtype)
+        name = f"decode B={B} q=[{B},1,{Hq},{D}] k=[..,{Hk},..] {_dt(dtype)}"
         base_name = "q.mul_(c); k.mul_(c)"
         ways = [(" apply_rope_(inv_freq=)", lambda: pn.apply_rope_(q, k, pos, inv_freq=inv_freq, attention_factor=att),
                  None),
@@ -392,7 +395,7 @@ def section_decode(s: Settings) -> list[Row]:
             spread = 1000 + torch.randperm(4 * B, generator=g)[:B, None]
             ways.append((" apply_rope_(config=llama3), distinct positions",
                          lambda: pn.apply_rope_(q, k, spread, config=cfg), None))
-        if patched is not None:
+        if patched is not None and dtype == torch.float32:
             step = patched[0]
             qt, kt = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()
             ways.append((" patched transformers Llama rotary", lambda: step(qt, kt, pos), None))

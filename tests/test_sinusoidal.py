@@ -92,6 +92,25 @@ def test_table_matches_reference(device, dtype, interleaved, cos_first, freq_shi
             assert torch.all(out[:, -1] == 0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_16_bit_tables_are_the_float32_table_rounded_once(dtype):
+    """On the CPU a 16-bit table is formed from the same float32 values as the float32 table, then
+    rounded once to nearest even (bf16 rows without the NaN test, csrc/core/common.h,
+    from_math_finite): bit for bit what torch's rounding makes of the float32 table. The tolerance
+    tests above would not see a rounding off by one ulp. Tiny angle scales give subnormal values."""
+    g = gen(41)
+    for interleaved, cos_first in itertools.product([True, False], [False, True]):
+        for kind in ("int64", "float64"):
+            n = int(torch.randint(1, 300, (1,), generator=g))
+            dim = int(torch.randint(2, 300, (1,), generator=g))
+            pos = random_positions(g, n, kind, high=1 << 24)
+            for angle_scale in (1.0, 0.37, 1e-30, 1e-39):
+                kw = dict(interleaved=interleaved, cos_first=cos_first, angle_scale=angle_scale)
+                table = pn.sinusoidal_table(pos, dim, dtype=dtype, **kw)
+                rounded = pn.sinusoidal_table(pos, dim, **kw).to(dtype)
+                assert torch.equal(table.view(torch.int16), rounded.view(torch.int16)), (kind, dim, kw)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_table_int_length_and_device_argument(device):
     out = pn.sinusoidal_table(77, 30, device=device)

@@ -14,8 +14,8 @@ namespace posenc::cpu {
 namespace {
 
 // Writes one encoding row in the requested layout from pair i's sin and cos (pair_at(i), in the
-// math type or float64): out[first_col(i)] = first, out[second_col(i)] = second, and a zero last
-// column for odd dims.
+// math type or float64; never NaN, so from_math_finite): out[first_col(i)] = first,
+// out[second_col(i)] = second, and a zero last column for odd dims.
 template <bool kInterleaved, typename T, typename PairAt>
 void write_encoding(T* __restrict__ out, int64_t half, int64_t dim, bool cos_first, const PairAt& pair_at) {
   using M = math_t<T>;
@@ -23,8 +23,8 @@ void write_encoding(T* __restrict__ out, int64_t half, int64_t dim, bool cos_fir
   const int64_t other = kInterleaved ? 1 : half;
   for (int64_t i = 0; i < half; ++i) {
     const auto [sin_i, cos_i] = pair_at(i);
-    out[i * step] = from_math<T>(static_cast<M>(cos_first ? cos_i : sin_i));
-    out[i * step + other] = from_math<T>(static_cast<M>(cos_first ? sin_i : cos_i));
+    out[i * step] = from_math_finite<T>(static_cast<M>(cos_first ? cos_i : sin_i));
+    out[i * step + other] = from_math_finite<T>(static_cast<M>(cos_first ? sin_i : cos_i));
   }
   if (dim % 2 == 1) out[dim - 1] = T(0);
 }
@@ -79,37 +79,30 @@ void add_encoding_prefetched(T* __restrict__ out, const T* x, M x_scale, const M
   add_encoding(out + lines, x + lines, 1, x_scale, pe + lines, dim - lines);
 }
 
-// Whether the table's rows are formed in float32, then converted (by the SIMD kernel where the path
-// has one), on path `isa`. fp16 rows always: written as formed, their conversion kept the compiled
-// loop scalar, and a [8192, 512] table took 8.4 ms (c10's conversion) or 11 ms (csrc/core/common.h's),
-// against 2.4 ms formed first and converted by the compiled loop, 1.0 ms by the kernel. bf16 rows on
-// the AVX-512 paths, whose kernel converts 16 lanes at a time (one instruction with AVX512-BF16): a
-// [32768, 1024] table on one thread of an Intel Xeon took 9.7 ms written as formed, 9.4 ms (Avx512)
-// and 8.0 ms (Avx512Bf16) so; on the AVX2 path the compiled conversion is as wide, and the kernel's
-// extra pass measured 8% slower. float32 rows are written as formed.
+// The table's fp16 rows are formed in float32, then converted (by the SIMD kernel where the path
+// has one): written as formed, their conversion kept the compiled loop scalar, and a [8192, 512]
+// table took 8.4 ms (c10's conversion) or 11 ms (csrc/core/common.h's), against 2.4 ms formed
+// first and converted by the compiled loop, 1.0 ms by the kernel. float32 and bf16 rows are written
+// as formed: the compiler vectorizes bf16's conversion (from_math_finite). A [32768, 1024] bf16
+// table on one thread of an Intel Xeon took 7.7 ms so on every path; formed in float32 first, as
+// long with the AVX-512 kernels and 8% longer with the AVX2 one.
 template <typename T>
-bool table_formed_in_float(Isa isa) {
-  if constexpr (std::is_same_v<T, c10::Half>) return true;
-  if constexpr (std::is_same_v<T, c10::BFloat16>) return isa == Isa::Avx512 || isa == Isa::Avx512Bf16;
-  return false;
-}
+constexpr bool kTableFormedInFloat = std::is_same_v<T, c10::Half>;
 
 // How a call's rows are written, decided once per call (run_typed):
 //   stream: each output row formed in L1 and streamed out (cpu/isa.h, Streaming);
 //   x_ahead: how far ahead add_sinusoidal prefetches x's rows (0: not at all);
 //   simd: the SIMD kernel (isa.h, EncodingRowFn) for add_sinusoidal's contiguous rows and the
-//     table's rows formed in float32, where the path has one;
-//   table_in_float: the table's rows are formed in float32 first (table_formed_in_float).
+//     table's rows formed in float32 (kTableFormedInFloat), where the path has one.
 struct RowsPlan {
   bool stream = false;
   int64_t x_ahead = 0;
   EncodingRowFn simd = nullptr;
-  bool table_in_float = false;
 };
 
 // Units [begin, end): unit u is (position row pb, s). The table op writes each unit's encoding
-// row directly (or formed in float32 first, as the plan says); add_sinusoidal lays a block of them
-// out in pe_rows, then streams through x batch row by batch row (every batch row when positions are
+// row directly (or as kTableFormedInFloat says); add_sinusoidal lays a block of them out in
+// pe_rows, then streams through x batch row by batch row (every batch row when positions are
 // [S]), so memory moves in long runs.
 template <typename T>
 POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double* freq, const RowsPlan& plan,
@@ -119,13 +112,14 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
   const SinusoidalParams& prm = p.params;
   const int64_t half = prm.half, dim = prm.dim;
   const bool stream = plan.stream;
-  const bool in_float = !std::is_same_v<T, M> && plan.table_in_float;  // see run_typed
   const EncodingRowFn simd = plan.simd;
   SinCosStream<M> angles(freq, half, M(1));
   // A block's encoding rows, and a row formed in L1 to be streamed out (run_typed), in this thread's
   // buffers (sincos_stream.h): as vectors they were allocated and zeroed per call, 64 KiB for a
   // 1024-dim decode step's one row (~1 us of ~5 us).
-  M* pe_rows = p.x || in_float ? thread_rows<M, kEncodingRows>(std::min<int64_t>(kBlock, end - begin) * dim) : nullptr;
+  M* pe_rows = p.x || kTableFormedInFloat<T>
+                   ? thread_rows<M, kEncodingRows>(std::min<int64_t>(kBlock, end - begin) * dim)
+                   : nullptr;
   T* row = stream ? thread_rows<T, kStreamedRow>(dim) : nullptr;
   const auto add_row = [&](int64_t b, int64_t s, const M* pe) {
     T* out = static_cast<T*>(p.out) + b * p.out_stride_b + s * p.out_stride_s;
@@ -157,14 +151,13 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
       }
       T* out = static_cast<T*>(p.out) + u % p.seq * p.out_stride_s;  // the table: batch 1
       T* dst = stream ? row : out;
-      if constexpr (std::is_same_v<M, float> && !std::is_same_v<T, M>) {  // 16-bit rows
-        if (in_float) {
-          angles.at(position_of, EncodingRow<M>{prm, pe_rows});
-          const int64_t done = simd ? simd(dst, nullptr, 0.0f, pe_rows, dim) : 0;
-          for (int64_t d = done; d < dim; ++d) dst[d] = from_math<T>(pe_rows[d]);
-        }
+      if constexpr (kTableFormedInFloat<T>) {
+        angles.at(position_of, EncodingRow<M>{prm, pe_rows});
+        const int64_t done = simd ? simd(dst, nullptr, 0.0f, pe_rows, dim) : 0;
+        for (int64_t d = done; d < dim; ++d) dst[d] = from_math<T>(pe_rows[d]);
+      } else {
+        angles.at(position_of, EncodingRow<T>{prm, dst});
       }
-      if (!in_float) angles.at(position_of, EncodingRow<T>{prm, dst});
       if (stream) copy_row(out, row, dim * sizeof(T), true);
     }
     if (!p.x) continue;
@@ -199,11 +192,10 @@ void run_typed(const SinusoidalProblem& p) {
   const Prefetch& prefetch = cpu_prefetch();
   plan.x_ahead =
       p.x && p.x_stride_d == 1 && prefetch.for_rows(out_rows * p.params.dim * element) ? prefetch.distance : 0;
-  plan.table_in_float = !p.x && table_formed_in_float<T>(cpu_isa());
   if constexpr (kRowDtype<T> >= 0) {
     const int64_t bytes = out_rows * p.params.dim * element;
     const bool wide = cpu_vector_width().wide(kRowDtype<T>, bytes);
-    const bool rows = p.x ? p.x_stride_d == 1 : plan.table_in_float;
+    const bool rows = p.x ? p.x_stride_d == 1 : kTableFormedInFloat<T>;
     if (const RowKernels* k = rows ? row_kernels(cpu_isa(), plan.x_ahead > 0, false, wide) : nullptr) {
       plan.simd = k->encoding[kRowDtype<T>];
     }

@@ -126,9 +126,7 @@ struct Io<Avx2, BFloat16> {
   // Round to nearest even on the integer bits, NaN -> 0x7fc0: from_math<c10::BFloat16>, 8 lanes of
   // 32 bits (the bf16 in the low half).
   static __m256i round(__m256 v) {
-    const __m256i bits = _mm256_castps_si256(v);
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    const __m256i r = _mm256_srli_epi32(round_high(v), 16);
     return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
   }
   template <bool kStream = false>
@@ -147,7 +145,7 @@ struct Io<Avx2, BFloat16> {
     even = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
     odd = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
   }
-  // round() before its final shift: the bf16 in the high half (NaN handled by the caller).
+  // round() before its final shift and NaN test: the bf16 in the high half (NaN handled by the caller).
   static __m256i round_high(__m256 v) {
     const __m256i bits = _mm256_castps_si256(v);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));

@@ -13,6 +13,7 @@ Rows, all measured in this one run (median wall time; ratio = ours / baseline):
   PyTorch expression ``slopes[:, None, None] * (j - i)``;
 - both vs the write floor: ``torch.empty`` of the output's shape + ``fill_``, goal <= 1.3x;
 - both backwards (the gradient summed along diagonals) vs the read floor ``grad.sum()``;
+- one decode step's bias (one query row against L keys), per call, vs transformers' own and the fill;
 every dtype the ops take (float32, bf16, fp16). ``--malloc system`` measures with glibc's own policy,
 under which every output of these sizes is a fresh mapping.
 Measuring helpers (median timing, steady-state malloc, the table) are bench_cpu.py's.
@@ -28,7 +29,8 @@ from typing import Callable, Optional
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_cpu import Goal, Row, Settings, bench, check, print_header, print_table, print_verdicts, steady_malloc  # noqa: E402
+from bench_cpu import (Goal, Row, Settings, _repeated, bench, bench_together, check, print_header,  # noqa: E402
+                       print_table, print_verdicts, steady_malloc)
 
 import posenc_native as pn  # noqa: E402
 
@@ -89,6 +91,44 @@ def alibi_rows(s: Settings, H: int, L: int, dtype: torch.dtype) -> list[Row]:
             backward_row(name, slopes, lambda leaf: pn.alibi_bias(leaf, L, L, dtype=dtype), s)]
 
 
+def decode_rows(s: Settings, H: int, L: int, dtype: torch.dtype) -> list[Row]:
+    """One decode step's bias: one query row at position L - 1 against L keys, [1, H, 1, L] (a few
+    KiB, so the per-call cost is what shows), per call, timed in alternation with transformers' own
+    (T5's ``compute_bias(1, L, past_seen_tokens=L - 1)``, BLOOM's ``build_alibi_tensor`` of an L-token
+    mask) and with ``torch.empty + fill_`` of the same shape."""
+    from transformers import T5Config
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    torch.manual_seed(0)
+    cfg = T5Config(d_model=H * 8, d_kv=8, num_heads=H, relative_attention_num_buckets=32,
+                   relative_attention_max_distance=128, is_decoder=True)
+    attn = T5Attention(cfg, has_relative_attention_bias=True, layer_idx=0).to(dtype).requires_grad_(False)
+    w = attn.relative_attention_bias.weight
+    t5_fn = lambda: pn.relative_position_bias(w, 1, L, bidirectional=False, query_offset=L - 1)  # noqa: E731
+    hf_fn = lambda: attn.compute_bias(1, L, past_seen_tokens=L - 1)  # noqa: E731
+    if not torch.equal(t5_fn(), hf_fn()):
+        raise SystemExit("bench_bias: the decode relative_position_bias differs from transformers' compute_bias")
+    slopes = pn.alibi_slopes(H)
+    mask = torch.ones(1, L, dtype=torch.long)
+    alibi_fn = lambda: pn.alibi_bias(slopes, 1, L, query_offset=L - 1, dtype=dtype)  # noqa: E731
+    bloom_fn = lambda: build_alibi_tensor(mask, H, dtype)  # noqa: E731
+    # BLOOM's row is slopes[h] * j, ours slopes[h] * (j - (L - 1)): the same up to a constant per head
+    shifted = bloom_fn().view(1, H, 1, L).float() - slopes.view(1, H, 1, 1) * (L - 1)
+    check("decode alibi_bias vs BLOOM + per-head shift", alibi_fn().float(), shifted,
+          1e-6 if dtype == torch.float32 else 1e-2)
+    calls = 50
+    t5, hf, alibi, bloom, floor = bench_together(
+        [_repeated(f, calls) for f in (t5_fn, hf_fn, alibi_fn, bloom_fn,
+                                       lambda: torch.empty(1, H, 1, L, dtype=dtype).fill_(0.5))], s)
+    dt = str(dtype).replace("torch.", "")
+    t5_name, alibi_name = f"decode relative_position_bias H={H} 1x{L} {dt}", f"decode alibi_bias H={H} 1x{L} {dt}"
+    return [Row(t5_name, t5 / calls, "transformers compute_bias", hf / calls),
+            Row(t5_name, t5 / calls, "torch.empty + fill_", floor / calls),
+            Row(alibi_name, alibi / calls, "BLOOM build_alibi_tensor", bloom / calls),
+            Row(alibi_name, alibi / calls, "torch.empty + fill_", floor / calls)]
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (a smoke test)")
@@ -114,6 +154,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         rows += t5_rows(settings, H, L, dtype)
         rows += alibi_rows(settings, H, L, dtype)
+        rows += decode_rows(settings, H, L, dtype)
     print_table(rows)
     print_verdicts(rows, start)
     return 0

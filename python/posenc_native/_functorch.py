@@ -26,8 +26,9 @@ and the sinusoidal ops the vmapped dim into their rows (:func:`_add_sinusoidal_v
 """
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import torch
 import torch.autograd.forward_ad as _fwad
@@ -272,6 +273,27 @@ def transforms_active() -> bool:
 
 
 _DIFFERENTIATING = (TransformType.Grad, TransformType.Jvp)
+
+
+def grad_wanted(*tensors: Optional[torch.Tensor]) -> bool:
+    """Whether autograd would record a call on ``tensors`` (None: an absent one): grad mode on and
+    one requires grad."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+_NO_SKIP = contextlib.nullcontext()
+
+
+def autograd_skipped(*inputs: Optional[torch.Tensor]):
+    """Skips the ops' autograd kernel when no gradient can flow to the tensor ``inputs`` (eager mode
+    only): that kernel is Python (:func:`register_autograd`) and costs several microseconds per call
+    even when no input requires grad, which dominates a decode step (a bias at one query row: 10.5
+    -> 6.6 us). Under torch.compile the kernel is traced away. An input that wants a gradient the op
+    has no formula for (angles, float positions) keeps the kernel, which refuses it."""
+    if (_is_compiling() or grad_wanted(*inputs) or torch.is_inference_mode_enabled()  # (no autograd key)
+            or _fwad._current_level >= 0):  # (a tangent goes through the autograd key)
+        return _NO_SKIP
+    return torch._C._AutoDispatchBelowAutograd()
 
 
 def dispatch(name: str, *args):

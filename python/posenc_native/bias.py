@@ -21,7 +21,7 @@ import torch
 from ._checks import check_int
 from ._contexts import is_traced_int, static_int, traced_int, untraced
 from ._forward_ad import linear_jvp
-from ._functorch import dispatch, register_autograd
+from ._functorch import autograd_skipped, dispatch, register_autograd
 from ._library import load_library
 from ._op_args import bind, call, input_grads
 
@@ -90,9 +90,10 @@ def relative_position_bias(weight: torch.Tensor, query_length: int, key_length: 
     and head).
     """
     nb = num_buckets if num_buckets is not None else (static_int(weight.shape[0]) if weight.dim() > 0 else 0)
-    return dispatch("relative_position_bias", weight, check_int("query_length", query_length),
-                    check_int("key_length", key_length), bool(bidirectional), int(nb), int(max_distance),
-                    _offset(query_offset))
+    with autograd_skipped(weight):
+        return dispatch("relative_position_bias", weight, check_int("query_length", query_length),
+                        check_int("key_length", key_length), bool(bidirectional), int(nb), int(max_distance),
+                        _offset(query_offset))
 
 
 def alibi_slopes(num_heads: int, *, device: Optional[Union[torch.device, str]] = None) -> torch.Tensor:
@@ -129,8 +130,9 @@ def alibi_bias(slopes: torch.Tensor, query_length: int, key_length: int, *, quer
 
     Differentiable with respect to ``slopes``.
     """
-    return dispatch("alibi_bias", slopes, check_int("query_length", query_length), check_int("key_length", key_length),
-                    _offset(query_offset), dtype)
+    with autograd_skipped(slopes):
+        return dispatch("alibi_bias", slopes, check_int("query_length", query_length),
+                        check_int("key_length", key_length), _offset(query_offset), dtype)
 
 
 # --------------------------------------------------------------------------------------------

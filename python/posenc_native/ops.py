@@ -5,14 +5,14 @@ the op schemas of csrc/registration.cpp and teaches torch.compile/export and aut
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import Optional, Sequence, Union
 
 import torch
 
 from . import _fx, _library
-from ._functorch import dispatch as _dispatch, register_autograd as _register_autograd
+from ._functorch import autograd_skipped as _autograd_skipped, dispatch as _dispatch, grad_wanted as _grad_wanted
+from ._functorch import register_autograd as _register_autograd
 from ._functorch import check_copyable as _check_copyable, check_writable_apart as _check_writable_apart
 from ._functorch import transforms_active as _functorch_active
 from ._checks import check_bool as _check_bool, check_float as _check_float, check_int as _check_int
@@ -20,7 +20,7 @@ from ._checks import check_tensor as _check_tensor
 from ._contexts import MODES_ACTIVE, for_the_cache, is_traced_int, plain_context, static_int, traced_int, tracing
 from ._contexts import untraced
 from ._contexts import warn_trace_keeps
-from ._forward_ad import dual_level_active as _dual_level_active, linear_jvp
+from ._forward_ad import linear_jvp
 from ._forward_ad import scale_jvp, tangents as _tangents
 from ._library import load_library
 from ._op_args import arg_index as _arg_index, bind, call, input_grads, save_args, saved_args, tensor_fields
@@ -450,9 +450,6 @@ def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, i
 if _FAST is not None:  # what torch.compile traces in place of the C function: the general path
     torch.compiler.substitute_in_graph(_FAST.rope, skip_signature_check=True)(lambda *args: _rope(*args))
 
-_NO_SKIP = contextlib.nullcontext()
-
-
 @torch._dynamo.nonstrict_trace  # (run on the graph's fake tensors, whose storage offsets dynamo cannot read)
 def _rope_in_place_compiled(q: torch.Tensor, k: torch.Tensor, *rest) -> torch.Tensor:
     """The in-place rotation in compiled code. Inductor loses the storage offset of a view that a
@@ -476,24 +473,6 @@ def _copy_back(q: torch.Tensor, k: torch.Tensor, rotated: tuple[torch.Tensor, to
 
 
 _is_batched = torch._C._functorch.is_batchedtensor  # a tensor vmapped by torch.func.vmap
-
-
-def _grad_wanted(*tensors: Optional[torch.Tensor]) -> bool:
-    """Whether autograd would record a call on ``tensors`` (None: an absent one): grad mode on and
-    one requires grad."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
-def _autograd_skipped(*inputs: Optional[torch.Tensor]):
-    """Skips the ops' autograd kernel when no gradient can flow to the tensor ``inputs`` (eager mode
-    only): that kernel is Python (``register_autograd`` below) and costs several microseconds per
-    call even when no input requires grad, which dominates a decode step. Under torch.compile the
-    kernel is traced away. An angle input (or float positions) that wants a gradient keeps the
-    kernel, which refuses it."""
-    if (torch.compiler.is_compiling() or _grad_wanted(*inputs) or torch.is_inference_mode_enabled()  # (no autograd key)
-            or _dual_level_active()):  # (a tangent goes through the autograd key)
-        return _NO_SKIP
-    return torch._C._AutoDispatchBelowAutograd()
 
 
 def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None, *,
@@ -638,7 +617,7 @@ def _grad_or_zeros(grad: Optional[torch.Tensor], meta) -> torch.Tensor:
 def _no_grad_for(opname: str, args, differentiated: tuple = ("q", "k")) -> None:
     """The ops differentiate q and k (x) only: an angle input (inv_freq, cos, sin, float positions,
     ...) that wants a gradient is an error, not a silently missing gradient. Run by the ops'
-    autograd kernels, which the Python entries keep for such an input (``_autograd_skipped``)."""
+    autograd kernels, which the Python entries keep for such an input (``_functorch.autograd_skipped``)."""
     for name, t in tensor_fields(args, skip=differentiated):
         if t.requires_grad:
             flows = f"gradients flow only to {' and '.join(differentiated)}" if differentiated else "the op has no gradient"

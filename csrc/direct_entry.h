@@ -12,12 +12,15 @@ extern "C" {
 #endif
 
 /* One argument of an op's schema, in schema order. */
-enum PosencArgTag { POSENC_ARG_NONE, POSENC_ARG_TENSOR, POSENC_ARG_INT, POSENC_ARG_FLOAT, POSENC_ARG_BOOL, POSENC_ARG_STR };
+enum PosencArgTag { POSENC_ARG_NONE, POSENC_ARG_TENSOR, POSENC_ARG_INT, POSENC_ARG_FLOAT, POSENC_ARG_BOOL, POSENC_ARG_STR,
+                    POSENC_ARG_DTYPE };
+/* A dtype argument's value (the entry's own numbering, so the extension needs none of torch's). */
+enum PosencDtype { POSENC_DTYPE_FLOAT16, POSENC_DTYPE_BFLOAT16, POSENC_DTYPE_FLOAT32, POSENC_DTYPE_FLOAT64, POSENC_N_DTYPES };
 typedef struct {
   int32_t tag;
   union {
     void* tensor;    /* a torch.Tensor (PyObject*), borrowed */
-    int64_t i;       /* int, and bool (0 or 1) */
+    int64_t i;       /* int, bool (0 or 1) and dtype (a PosencDtype) */
     double f;
     const char* s;   /* UTF-8, alive for the call */
   } v;

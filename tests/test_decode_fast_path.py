@@ -983,13 +983,6 @@ def _bad_sinusoidal_calls():
     ]
 
 
-@pytest.mark.parametrize("case", range(len(_bad_sinusoidal_calls())))
-def test_add_sinusoidal_fast_and_general_path_refuse_the_same_calls(case, monkeypatch, kernel_way):
-    name, call = _bad_sinusoidal_calls()[case]
-    errors = _refusals_on_both_paths(call, monkeypatch)
-    assert errors[0] == errors[1], name
-
-
 def test_add_sinusoidal_fast_path_keeps_reference_counts():
     import sys
 
@@ -1011,3 +1004,222 @@ def test_add_sinusoidal_fast_path_keeps_reference_counts():
     assert calls() == {"add_sinusoidal": 200}
     del out
     assert [sys.getrefcount(o) for o in objects] == before
+
+
+# The relative biases: a T5 or ALiBi decode step's bias (one query row) takes the fast path too.
+
+def _bias_calls():
+    """Bias calls the fast path takes: (name, function, table, positional arguments, keyword arguments)."""
+    g = torch.Generator().manual_seed(31)
+    weight = torch.randn(32, 6, generator=g, dtype=torch.float64)
+    slopes = pn.alibi_slopes(6)
+    return [
+        ("T5 decode row", pn.relative_position_bias, weight, (1, 130), dict(query_offset=129, bidirectional=False)),
+        ("T5 bidirectional block", pn.relative_position_bias, weight, (5, 9), {}),
+        ("T5 16 buckets, max_distance 20, offset", pn.relative_position_bias, weight[:16], (3, 40),
+         dict(num_buckets=16, max_distance=20, query_offset=7)),
+        ("ALiBi decode row", pn.alibi_bias, slopes, (1, 300), dict(query_offset=299)),
+        ("ALiBi block, negative offset", pn.alibi_bias, slopes, (4, 6), dict(query_offset=-3)),
+    ]
+
+
+def _bias_reference(fn, table, args, kw, dtype):
+    """The float64 reference rounded as the op documents: T5 gathers the weight (exact); ALiBi's
+    product, formed in float64, rounded once (16-bit outputs through float32)."""
+    kw = {k: v for k, v in kw.items() if k not in ("num_buckets", "dtype")}
+    if fn is pn.relative_position_bias:
+        return reference.relative_position_bias(table.to(dtype), *args, **kw)
+    want = reference.alibi_bias(table, *args, **kw)
+    return want.to(torch.float32).to(dtype) if dtype in (torch.float16, torch.bfloat16) else want.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("case", range(len(_bias_calls())))
+def test_bias_fast_path_matches_reference_and_general_path(case, dtype, monkeypatch, kernel_way):
+    name, fn, table, args, kw = _bias_calls()[case]
+    op = fn.__name__
+    if fn is pn.alibi_bias:
+        kw = dict(kw, dtype=dtype)  # the slopes stay float32, as alibi_slopes gives them
+    else:
+        table = table.to(dtype)
+    want = _bias_reference(fn, table, args, kw, dtype)
+    calls = _watch_fast_path()
+    got = fn(table, *args, **kw)
+    assert calls() == {op: 1}, name  # the path under test
+    assert got.dtype == dtype and torch.equal(got, want), name
+    if fn is pn.alibi_bias and dtype == torch.float32:  # the slopes' dtype by default
+        calls = _watch_fast_path()
+        assert torch.equal(fn(table, *args, **{k: v for k, v in kw.items() if k != "dtype"}), want)
+        assert calls() == {op: 1}, name
+    monkeypatch.setattr(ops, "_FAST", None)
+    assert torch.equal(fn(table, *args, **kw), got), name  # the general path's bits
+
+
+def test_t5_decode_bias_fast_path_matches_transformers():
+    """A T5 decoder's bias at a decode step, from the module under no_grad (its weight a Parameter
+    that requires grad: nothing is recorded, so the fast path), equals transformers' compute_bias."""
+    T5Config = pytest.importorskip("transformers").T5Config
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    torch.manual_seed(32)
+    cfg = T5Config(d_model=64, d_kv=8, num_heads=8, relative_attention_num_buckets=32,
+                   relative_attention_max_distance=128, is_decoder=True)
+    attn = T5Attention(cfg, has_relative_attention_bias=True, layer_idx=0)
+    module = pn.T5RelativePositionBias(num_heads=8, bidirectional=False)
+    module.load_state_dict({"relative_attention_bias.weight": attn.relative_attention_bias.weight.detach()})
+    calls = _watch_fast_path()
+    with torch.no_grad():
+        for step in (0, 1, 63, 200):
+            got = module(1, step + 1, query_offset=step)
+            assert not got.requires_grad
+            assert torch.equal(got, attn.compute_bias(1, step + 1, past_seen_tokens=step))
+    assert calls() == {"relative_position_bias": 4}
+
+
+def test_bias_fast_path_steps_aside_for_grad_modes_and_negative_views():
+    g = torch.Generator().manual_seed(33)
+    weight = torch.randn(32, 4, generator=g, dtype=torch.float64)
+    slopes = torch.rand(4, generator=g, dtype=torch.float64)
+    t5_want = reference.relative_position_bias(weight, 1, 50, query_offset=49)
+    alibi_want = reference.alibi_bias(slopes, 1, 50, query_offset=49)
+    calls = _watch_fast_path()
+    # a table that wants a gradient: recorded by autograd (T5: the bias gradient summed per bucket)
+    leaf = weight.clone().requires_grad_()
+    out = pn.relative_position_bias(leaf, 1, 50, query_offset=49)
+    grad = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    out.backward(grad)
+    buckets = reference.t5_relative_position_bucket(torch.arange(50) - 49)
+    want_grad = torch.zeros_like(weight).index_add_(0, buckets, grad[0, :, 0].T)
+    torch.testing.assert_close(leaf.grad, want_grad, atol=1e-12, rtol=0)
+    assert torch.equal(out.detach(), t5_want)
+    leaf = slopes.clone().requires_grad_()
+    pn.alibi_bias(leaf, 1, 50, query_offset=49).backward(grad)
+    torch.testing.assert_close(leaf.grad, (grad[0, :, 0] * (torch.arange(50) - 49)).sum(-1), atol=1e-9, rtol=0)
+    # a mode, the profiler and the jit tracer see the op
+    with _Seen() as mode:
+        pn.relative_position_bias(weight, 1, 50, query_offset=49)
+        pn.alibi_bias(slopes, 1, 50, query_offset=49)
+    assert "posenc.relative_position_bias.default" in mode.ops and "posenc.alibi_bias.default" in mode.ops
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        pn.alibi_bias(slopes, 1, 50, query_offset=49)
+    assert any(e.name == "posenc::alibi_bias" for e in prof.events())
+    traced = torch.jit.trace(lambda w: pn.relative_position_bias(w, 1, 50, query_offset=49), (weight,),
+                             check_trace=False)  # (the check reruns the function untraced: the fast path)
+    assert "posenc::relative_position_bias" in str(traced.graph)
+    # a negative view's storage holds the negated values: the dispatcher resolves it
+    assert torch.equal(pn.relative_position_bias(_negative_view(weight), 1, 50, query_offset=49), t5_want)
+    assert torch.equal(pn.alibi_bias(_negative_view(slopes), 1, 50, query_offset=49), alibi_want)
+    # other devices, a tensor offset (read on the host by the general path), a subclass
+    meta = pn.alibi_bias(slopes.to("meta"), 1, 50, query_offset=49)
+    assert meta.device.type == "meta" and meta.shape == (1, 4, 1, 50)
+    assert torch.equal(pn.alibi_bias(slopes, 1, 50, query_offset=torch.tensor(49)), alibi_want)
+    assert torch.equal(pn.relative_position_bias(torch.nn.Parameter(weight), 1, 50, query_offset=49).detach(),
+                       t5_want)
+    assert calls() == {}
+    with torch.no_grad():  # a table that requires grad, with nothing to record: the fast path
+        got = pn.relative_position_bias(weight.clone().requires_grad_(), 1, 50, query_offset=49)
+        assert not got.requires_grad and torch.equal(got, t5_want)
+    with torch.inference_mode():
+        assert torch.equal(pn.alibi_bias(slopes, 1, 50, query_offset=49), alibi_want)
+    assert calls() == {"relative_position_bias": 1, "alibi_bias": 1}
+
+
+def _bad_bias_calls():
+    weight = torch.randn(32, 4, generator=GEN)
+    slopes = pn.alibi_slopes(4)
+    return [
+        ("weight 1-D", lambda: pn.relative_position_bias(weight[:, 0], 1, 8)),
+        ("num_buckets not the weight's", lambda: pn.relative_position_bias(weight, 1, 8, num_buckets=16)),
+        ("odd bidirectional buckets", lambda: pn.relative_position_bias(weight[:31], 1, 8)),
+        ("max_distance too small", lambda: pn.relative_position_bias(weight, 1, 8, max_distance=4)),
+        ("negative query_length", lambda: pn.relative_position_bias(weight, -1, 8)),
+        ("key_length a float", lambda: pn.relative_position_bias(weight, 1, 8.0)),
+        ("query_offset past int64", lambda: pn.relative_position_bias(weight, 1, 8, query_offset=2 ** 63)),
+        ("an int weight", lambda: pn.relative_position_bias(weight.long(), 1, 8)),
+        ("slopes 2-D", lambda: pn.alibi_bias(slopes[None], 1, 8)),
+        ("negative key_length", lambda: pn.alibi_bias(slopes, 1, -8)),
+        ("int slopes", lambda: pn.alibi_bias(slopes.long(), 1, 8)),
+        ("dtype an int type", lambda: pn.alibi_bias(slopes, 1, 8, dtype=torch.int32)),
+        ("dtype a string", lambda: pn.alibi_bias(slopes, 1, 8, dtype="float32")),
+        ("query_offset a float", lambda: pn.alibi_bias(slopes, 1, 8, query_offset=0.5)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_bad_sinusoidal_calls() + _bad_bias_calls())))
+def test_add_sinusoidal_and_bias_fast_and_general_path_refuse_the_same_calls(case, monkeypatch, kernel_way):
+    name, call = (_bad_sinusoidal_calls() + _bad_bias_calls())[case]
+    errors = _refusals_on_both_paths(call, monkeypatch)
+    assert errors[0] == errors[1], name
+
+
+def test_bias_fast_path_keeps_reference_counts():
+    import sys
+
+    weight = torch.randn(32, 4, generator=GEN)
+    slopes = pn.alibi_slopes(4)
+    t5, alibi = pn.T5RelativePositionBias(num_heads=4).requires_grad_(False), pn.ALiBi(num_heads=4)
+    objects = (weight, slopes, torch.bfloat16, t5, alibi)
+    before = [sys.getrefcount(o) for o in objects]
+    calls = _watch_fast_path()
+    for _ in range(50):
+        out = pn.relative_position_bias(weight, 1, 20, query_offset=19)
+        assert sys.getrefcount(out) == 2  # out's and the argument's
+        out = pn.alibi_bias(slopes, 1, 20, query_offset=19, dtype=torch.bfloat16)
+        assert sys.getrefcount(out) == 2
+        t5(1, 20, 19)
+        alibi(1, 20, 19)
+        with pytest.raises(RuntimeError):  # declined by the op, refused by the general path
+            pn.relative_position_bias(weight, 1, 20, num_buckets=16)
+    assert calls() == {"relative_position_bias": 100, "alibi_bias": 100}
+    del out
+    assert [sys.getrefcount(o) for o in objects] == before
+
+
+def test_large_biases_from_threads_match_the_general_path():
+    """Outputs past the size from which the fast path releases the GIL (their elements counted from
+    the sizes: the table itself is small), made from several threads at once."""
+    import threading
+
+    g = torch.Generator().manual_seed(34)
+    weight = torch.randn(32, 8, generator=g)
+    slopes = pn.alibi_slopes(8)
+    want_t5 = reference.relative_position_bias(weight, 100, 300, query_offset=5)
+    want_alibi = reference.alibi_bias(slopes, 100, 300, query_offset=5).to(torch.float32)
+    calls = _watch_fast_path()
+    failures = []
+
+    def work():
+        for _ in range(5):
+            if not torch.equal(pn.relative_position_bias(weight, 100, 300, query_offset=5), want_t5):
+                failures.append("t5")
+            if not torch.equal(pn.alibi_bias(slopes, 100, 300, query_offset=5), want_alibi):
+                failures.append("alibi")
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    assert calls() == {"relative_position_bias": 20, "alibi_bias": 20}
+
+
+def test_fast_path_takes_tensors_that_require_grad_where_nothing_is_recorded():
+    """Under no_grad nothing is recorded for a q that requires grad (a leaf, a Parameter): the fast
+    path takes the call, with the general path's results and version counts."""
+    config = _config()
+    _warm(config)
+    q, k, pos = _decode_inputs()
+    want_q, want_k = reference.apply_rope(q.double(), k.double(), pos, config)
+    leaf, param = q.clone().requires_grad_(), torch.nn.Parameter(k.clone())
+    calls = _watch_fast_path()
+    with torch.no_grad():
+        out_q, out_k = pn.apply_rope(leaf, param, pos, config=config)
+        assert not out_q.requires_grad and not out_k.requires_grad
+        versions = leaf._version, param._version
+        got_q, got_k = pn.apply_rope_(leaf, param, pos, config=config)
+        assert got_q is leaf and got_k is param
+        assert (leaf._version, param._version) == (versions[0] + 1, versions[1] + 1)
+    assert calls() == {"rope": 1, "rope_": 1}
+    for got, want in ((out_q, want_q), (out_k, want_k), (leaf.detach(), want_q), (param.detach(), want_k)):
+        torch.testing.assert_close(got.double(), want, atol=2e-6, rtol=0)
+    assert torch.equal(out_q, leaf.detach()) and torch.equal(out_k, param.detach())

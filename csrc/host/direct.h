@@ -4,6 +4,7 @@
 // instead of the dispatcher's stack; everything after that (the host checks, the runners) is the
 // dispatcher path's own code.
 #pragma once
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -47,8 +48,18 @@ T get(const PosencArg& a) {
   } else if constexpr (std::is_same_v<T, std::string>) {
     if (a.tag != POSENC_ARG_STR) throw Declined{};
     return std::string(a.v.s);
-  } else {  // dtypes: not passed directly (the dispatcher path takes them)
-    throw Declined{};
+  } else if constexpr (std::is_same_v<T, ScalarType>) {
+    if (a.tag != POSENC_ARG_DTYPE) throw Declined{};
+    switch (a.v.i) {
+      case POSENC_DTYPE_FLOAT16: return ScalarType::Half;
+      case POSENC_DTYPE_BFLOAT16: return ScalarType::BFloat16;
+      case POSENC_DTYPE_FLOAT32: return ScalarType::Float;
+      case POSENC_DTYPE_FLOAT64: return ScalarType::Double;
+      default: throw Declined{};
+    }
+  } else {
+    static_assert(std::is_same_v<T, std::optional<ScalarType>>, "an argument kind the direct entry cannot take");
+    return a.tag == POSENC_ARG_NONE ? std::optional<ScalarType>() : std::optional<ScalarType>(get<ScalarType>(a));
   }
 }
 
@@ -78,6 +89,22 @@ class GilReleased {
   void* state_;
 };
 
+// The elements a call writes that its tensor arguments do not count: the biases' outputs, made from
+// a small table (weight or slopes), so that a large one is written with the GIL released too.
+inline int64_t made_elements(const auto&) { return 0; }
+inline int64_t output_elements(const Tensor& table, int64_t heads_dim, int64_t query_length, int64_t key_length) {
+  int64_t n = 0;
+  if (table.dim() <= heads_dim || __builtin_mul_overflow(table.size(heads_dim), query_length, &n) ||
+      __builtin_mul_overflow(n, key_length, &n)) {
+    return 0;  // a table or sizes the op refuses
+  }
+  return std::min(n, kReleaseGilFromElements);  // (all that matters; no overflow when added to)
+}
+inline int64_t made_elements(const RelativeBiasArgs& a) {
+  return output_elements(a.weight, 1, a.query_length, a.key_length);
+}
+inline int64_t made_elements(const AlibiArgs& a) { return output_elements(a.slopes, 0, a.query_length, a.key_length); }
+
 // The direct kernel of one op on one backend (the counterpart of backend.h's boxed_kernel).
 template <typename Args, auto Op, const Backend& kBackend>
 int kernel(const PosencArg* args, int64_t nargs, int64_t lead_last_dim, void** outputs, const PosencGil* gil) noexcept {
@@ -85,7 +112,7 @@ int kernel(const PosencArg* args, int64_t nargs, int64_t lead_last_dim, void** o
     if (nargs != static_cast<int64_t>(Args::count)) return -1;
     int64_t i = 0;
     const Args a = Args::make([&]<typename T>() { return get<T>(args[i++]); });
-    int64_t elements = 0;
+    int64_t elements = made_elements(a);
     a.visit([&](const auto& field) {
       if constexpr (std::is_same_v<std::decay_t<decltype(field)>, Tensor>) elements += field.numel();
     });

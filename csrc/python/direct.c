@@ -19,17 +19,21 @@
 
 #include "direct_entry.h"
 
-enum { ROPE, ROPE_, ROPE_COS_SIN, ADD_SINUSOIDAL, N_OPS };
-static const char* const op_names[N_OPS] = {"rope", "rope_", "rope_cos_sin", "add_sinusoidal"};
+enum { ROPE, ROPE_, ROPE_COS_SIN, ADD_SINUSOIDAL, RELATIVE_POSITION_BIAS, ALIBI_BIAS, N_OPS };
+static const char* const op_names[N_OPS] = {"rope", "rope_", "rope_cos_sin", "add_sinusoidal", "relative_position_bias",
+                                            "alibi_bias"};
 
 /* What bind() hands over. */
 #define MAX_INTERCEPTING 8
 static struct {
-  PyObject* tensor_type;             /* torch.Tensor: q and k of exactly this type */
+  PyObject* tensor_type;             /* torch.Tensor: q and k of exactly this type, */
+  PyObject* parameter_type;          /* or torch.nn.Parameter (which disables __torch_function__: a plain tensor) */
   PyObject* config_type;             /* posenc_native.RopeConfig */
   PyObject* intercepting[MAX_INTERCEPTING]; /* no-argument callables, true while something intercepts calls */
   int n_intercepting;
   PyObject* inference_mode;          /* torch.is_inference_mode_enabled */
+  PyObject* grad_enabled;            /* torch.is_grad_enabled */
+  PyObject* dtypes;                  /* {torch.float16: POSENC_DTYPE_FLOAT16, ...}: the dtypes an op's argument may name */
   PyObject* increment_version;       /* torch._C._increment_version((q, k)) */
   PyObject* cpu_keys;                /* the CPU dispatch key set, for the redispatch */
   PyObject* redispatch[N_OPS];       /* each op's OpOverload._handle.redispatch_boxed */
@@ -55,6 +59,13 @@ static PyObject* c_offset; /* 0: the module forwards' default offset */
 static void* release_gil(void) { return PyEval_SaveThread(); }
 static void reacquire_gil(void* state) { PyEval_RestoreThread((PyThreadState*)state); }
 static const PosencGil gil = {release_gil, reacquire_gil};
+
+/* 1 for a tensor that nothing intercepts: exactly torch.Tensor or torch.nn.Parameter (a subclass may
+ * intercept: the general path). */
+static int is_plain_tensor(PyObject* o) {
+  PyObject* type = (PyObject*)Py_TYPE(o);
+  return type == fp.tensor_type || (type == fp.parameter_type && type != NULL);
+}
 
 /* 1 if the attribute is true, 0 if false, -1 on error. */
 static int attr_true(PyObject* o, PyObject* name) {
@@ -82,13 +93,14 @@ static int is_inference(PyObject* t) {
   return 1;
 }
 
-/* Whether a call on q and k (exact torch.Tensor) may skip the dispatcher: no gradient wanted, no
- * inference tensor written in place outside inference mode, no functorch transform, dispatch or
- * function mode, profiler, jit tracer or forward-mode AD level active. 1 yes, 0 no, -1 error. (The caller checked
- * torch.compile.) */
+/* Whether a call on q and k (plain tensors: is_plain_tensor) may skip the dispatcher: no gradient wanted (grad
+ * mode off, or neither requires grad), no inference tensor written in place outside inference mode,
+ * no functorch transform, dispatch or function mode, profiler, jit tracer or forward-mode AD level
+ * active. 1 yes, 0 no, -1 error. (The caller checked torch.compile.) */
 static int nothing_intercepts(int in_place, PyObject* q, PyObject* k) {
   int r;
-  if ((r = attr_true(q, s_requires_grad)) != 0 || (r = attr_true(k, s_requires_grad)) != 0) return r < 0 ? -1 : 0;
+  if ((r = attr_true(q, s_requires_grad)) == 0) r = attr_true(k, s_requires_grad);
+  if (r != 0 && (r < 0 || (r = call_true(fp.grad_enabled)) != 0)) return r < 0 ? -1 : 0;
   if (in_place) {
     int inference = is_inference(q);
     if (inference == 0) inference = is_inference(k);
@@ -142,10 +154,12 @@ static int to_arg(PyObject* o, PosencArg* a) {
   } else if (PyUnicode_Check(o)) {
     a->tag = POSENC_ARG_STR, a->v.s = PyUnicode_AsUTF8AndSize(o, NULL);
     if (a->v.s == NULL) return PyErr_Clear(), 0;
-  } else if ((PyObject*)Py_TYPE(o) == fp.tensor_type) { /* a subclass may intercept: the general path */
+  } else if (is_plain_tensor(o)) {
     a->tag = POSENC_ARG_TENSOR, a->v.tensor = o;
   } else {
-    return 0;
+    PyObject* code = fp.dtypes != NULL ? PyDict_GetItemWithError(fp.dtypes, o) : NULL; /* borrowed */
+    if (code == NULL) return PyErr_Clear(), 0; /* (an unhashable object raises) */
+    a->tag = POSENC_ARG_DTYPE, a->v.i = PyLong_AsLong(code);
   }
   return 1;
 }
@@ -155,11 +169,12 @@ static int to_arg(PyObject* o, PosencArg* a) {
  * subclass may intercept, and what the general path converts or refuses goes there):
  *   T  a plain tensor          t  a plain tensor or None    0  None
  *   f  a float or an int       F  a float or None           i  an int
- *   b  True or False           B  True, False or None       s  a str    .  anything (checked apart) */
+ *   b  True or False           B  True, False or None       s  a str    d  a dtype of bind's or None
+ *   .  anything (checked apart) */
 static int of_kinds(PyObject* const* a, const char* kinds) {
   for (; *kinds; ++a, ++kinds) {
     PyObject* o = *a;
-    const int none = o == Py_None, tensor = fp.tensor_type != NULL && (PyObject*)Py_TYPE(o) == fp.tensor_type;
+    const int none = o == Py_None, tensor = fp.tensor_type != NULL && is_plain_tensor(o);
     const int boolean = o == Py_True || o == Py_False;
     int ok;
     switch (*kinds) {
@@ -172,6 +187,10 @@ static int of_kinds(PyObject* const* a, const char* kinds) {
       case 'b': ok = boolean; break;
       case 'B': ok = boolean || none; break;
       case 's': ok = PyUnicode_CheckExact(o); break;
+      case 'd':
+        ok = none || (fp.dtypes != NULL && PyDict_Contains(fp.dtypes, o) == 1);
+        PyErr_Clear(); /* (an unhashable object raises: not a dtype) */
+        break;
       default: ok = 1; break;
     }
     if (!ok) return 0;
@@ -552,6 +571,33 @@ static PyObject* add_sinusoidal(PyObject* module, PyObject* const* a, Py_ssize_t
   return add_sinusoidal_fast(a, 0);
 }
 
+/* A bias op's fast path on its arguments a[0..n), as bias.py's function passes them after its defaults
+ * (`kinds`: their types, of_kinds; the first the weight or slopes table). Returns the bias, or None
+ * for a call it does not take. */
+static PyObject* bias_fast(int op, PyObject* const* a, Py_ssize_t nargs, Py_ssize_t n, const char* kinds) {
+  if (nargs != n) {
+    PyErr_Format(PyExc_TypeError, "posenc_native._direct.%s takes the op's %zd arguments", op_names[op], n);
+    return NULL;
+  }
+  if (!of_kinds(a, kinds)) Py_RETURN_NONE;
+  int ok = nothing_intercepts(0, a[0], a[0]);
+  if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_None);
+  int ran;
+  PyObject* result = run(op, a, n, 0x1u /* the table: a negative view */, 0, &ran);
+  fp.taken[op] += ran;
+  return result;
+}
+
+/* relative_position_bias(weight, query_length, key_length, bidirectional, num_buckets, max_distance,
+ * query_offset) and alibi_bias(slopes, query_length, key_length, query_offset, dtype): the ops' fast
+ * paths. */
+static PyObject* relative_position_bias(PyObject* module, PyObject* const* a, Py_ssize_t nargs) {
+  return bias_fast(RELATIVE_POSITION_BIAS, a, nargs, 7, "Tiibiii");
+}
+static PyObject* alibi_bias(PyObject* module, PyObject* const* a, Py_ssize_t nargs) {
+  return bias_fast(ALIBI_BIAS, a, nargs, 5, "Tiiid");
+}
+
 static int take(PyObject* dict, const char* key, PyObject** slot) {
   PyObject* v = PyDict_GetItemString(dict, key); /* borrowed */
   if (v == NULL) {
@@ -565,7 +611,7 @@ static int take(PyObject* dict, const char* key, PyObject** slot) {
 
 /* bind(library_path, objects: dict) -> bool: whether the kernels run through the direct entry
  * (else through the redispatch). objects: tensor, config, intercepting (a tuple of callables),
- * inference_mode, increment_version, cpu_keys, general (ops._rope), empty_k, nn_module, nn_module_globals,
+ * inference_mode, grad_enabled, dtypes, increment_version, cpu_keys, general (ops._rope), empty_k, nn_module, nn_module_globals,
  * forward_ad_globals, and each op's
  * redispatch under its name. */
 static PyObject* bind(PyObject* module, PyObject* args) {
@@ -573,8 +619,10 @@ static PyObject* bind(PyObject* module, PyObject* args) {
   PyObject* objects;
   if (!PyArg_ParseTuple(args, "sO!", &path, &PyDict_Type, &objects)) return NULL;
   PyObject* intercepting = NULL;
-  if (!take(objects, "tensor", &fp.tensor_type) || !take(objects, "config", &fp.config_type) ||
+  if (!take(objects, "tensor", &fp.tensor_type) || !take(objects, "parameter", &fp.parameter_type) ||
+      !take(objects, "config", &fp.config_type) ||
       !take(objects, "inference_mode", &fp.inference_mode) || !take(objects, "increment_version", &fp.increment_version) ||
+      !take(objects, "grad_enabled", &fp.grad_enabled) || !take(objects, "dtypes", &fp.dtypes) ||
       !take(objects, "cpu_keys", &fp.cpu_keys) || !take(objects, "general", &fp.general) ||
       !take(objects, "empty_k", &fp.empty_k) ||
       !take(objects, "nn_module", &fp.nn_module) || !take(objects, "nn_module_globals", &fp.nn_module_globals) ||
@@ -621,6 +669,9 @@ static PyMethodDef methods[] = {
     {"rope", (PyCFunction)(void (*)(void))rope, METH_FASTCALL, "a rope call: the fast path, else ops._rope"},
     {"rope_cos_sin", (PyCFunction)(void (*)(void))rope_cos_sin, METH_FASTCALL, "apply_rotary_pos_emb's fast path"},
     {"add_sinusoidal", (PyCFunction)(void (*)(void))add_sinusoidal, METH_FASTCALL, "add_sinusoidal's fast path"},
+    {"relative_position_bias", (PyCFunction)(void (*)(void))relative_position_bias, METH_FASTCALL,
+     "relative_position_bias's fast path"},
+    {"alibi_bias", (PyCFunction)(void (*)(void))alibi_bias, METH_FASTCALL, "alibi_bias's fast path"},
     {"taken", taken, METH_NOARGS, "kernel runs on the fast path, per op"},
     {"module_call", make_module_call, METH_O, "module_call(cls) -> its __call__ (RotaryEmbedding, SinusoidalPositionalEncoding)"},
     {NULL, NULL, 0, NULL}};
@@ -641,5 +692,20 @@ PyMODINIT_FUNC PyInit__direct(void) {
     if ((s_hooks[i] = PyUnicode_InternFromString(hook_names[i])) == NULL ||
         (s_global_hooks[i] = PyUnicode_InternFromString(global_hook_names[i])) == NULL)
       return NULL;
-  return PyModule_Create(&module_def);
+  PyObject* module = PyModule_Create(&module_def);
+  /* DTYPES[d]: torch's name of PosencDtype d (bind's dtypes map those torch.dtype objects to d) */
+  static const char* const dtype_names[] = {"float16", "bfloat16", "float32", "float64"};
+  _Static_assert(sizeof(dtype_names) / sizeof(dtype_names[0]) == POSENC_N_DTYPES, "a name per PosencDtype");
+  PyObject* dtypes = PyTuple_New(POSENC_N_DTYPES);
+  for (int d = 0; dtypes != NULL && d < POSENC_N_DTYPES; ++d) {
+    PyObject* name = PyUnicode_FromString(dtype_names[d]);
+    if (name == NULL || PyTuple_SetItem(dtypes, d, name) < 0) Py_CLEAR(dtypes);
+  }
+  if (module == NULL || dtypes == NULL || PyModule_AddObjectRef(module, "DTYPES", dtypes) < 0) {
+    Py_XDECREF(dtypes);
+    Py_XDECREF(module);
+    return NULL;
+  }
+  Py_DECREF(dtypes);
+  return module;
 }

@@ -144,6 +144,9 @@ def load_fast_path(objects: dict[str, Any]) -> Any:
         loader.exec_module(module)
     except ImportError:
         return None
+    # the dtypes an op's argument may name, by the extension's numbering (direct_entry.h, PosencDtype);
+    # added to objects, which a later bind() (the tests') passes again
+    objects["dtypes"] = {getattr(torch, name): code for code, name in enumerate(module.DTYPES)}
     _fast_path_kind = "direct entry" if module.bind(main, objects) else "redispatch"
     return module
 

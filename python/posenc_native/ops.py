@@ -304,7 +304,7 @@ def _cached_axis_mask(section: tuple, interleaved: bool, device: torch.device) -
 # runs the CPU kernel straight away when nothing is to be recorded or intercepted (plain CPU tensors,
 # no gradient wanted, no mode, functorch transform or profiler active), bumping q and k's version
 # counters after an in-place write as the ADInplaceOrView kernel does (add_sinusoidal's calls go there
-# first too, a sinusoidal model's decode step). It answers None for every call
+# first too, a sinusoidal model's decode step, and bias.py's, a T5 or ALiBi one). It answers None for every call
 # it does not take, and for every call the op refuses: those take the general path, which raises its
 # own error. A rope call is `(_rope if _FAST is None else _FAST.rope)(<_rope's 14 arguments>)`
 # (apply_rope, apply_rope_, RotaryEmbedding.forward, the transformers integration's
@@ -317,16 +317,17 @@ _INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 _is_compiling = torch.compiler.is_compiling
 try:
     _FAST_PATH_OBJECTS = {
-        "tensor": torch.Tensor, "config": RopeConfig,
+        "tensor": torch.Tensor, "parameter": torch.nn.Parameter, "config": RopeConfig,
         "intercepting": MODES_ACTIVE + (torch._C._autograd._profiler_enabled,
                                         torch._C._get_tracing_state),  # None, or the jit tracer's state (it records ops)
-        "inference_mode": torch.is_inference_mode_enabled, "increment_version": torch._C._increment_version,
+        "inference_mode": torch.is_inference_mode_enabled, "grad_enabled": torch.is_grad_enabled,
+        "increment_version": torch._C._increment_version,
         "nn_module": torch.nn.Module, "nn_module_globals": vars(torch.nn.modules.module),
         "forward_ad_globals": vars(torch.autograd.forward_ad),  # _current_level >= 0: a dual level is active
         "cpu_keys": torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), "general": lambda *args: _rope(*args),  # (defined below)
         "empty_k": _empty_k_reused,
         **{name: getattr(torch.ops.posenc, name).default._handle.redispatch_boxed
-           for name in ("rope", "rope_", "rope_cos_sin", "add_sinusoidal")},
+           for name in ("rope", "rope_", "rope_cos_sin", "add_sinusoidal", "relative_position_bias", "alibi_bias")},
     }
 except AttributeError:  # a torch without one of these: no fast path, same results
     _FAST_PATH_OBJECTS = None

@@ -1115,6 +1115,17 @@ def test_bias_fast_path_steps_aside_for_grad_modes_and_negative_views():
     assert torch.equal(pn.alibi_bias(slopes, 1, 50, query_offset=torch.tensor(49)), alibi_want)
     assert torch.equal(pn.relative_position_bias(torch.nn.Parameter(weight), 1, 50, query_offset=49).detach(),
                        t5_want)
+
+    class Seen(torch.Tensor):  # a subclass may intercept: the general path, where it sees the op
+        ops = []
+
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            cls.ops.append(str(func))
+            return super().__torch_function__(func, types, args, kwargs)
+
+    got = pn.alibi_bias(slopes.as_subclass(Seen), 1, 50, query_offset=49)
+    assert torch.equal(got.as_subclass(torch.Tensor), alibi_want) and "posenc.alibi_bias" in Seen.ops
     assert calls() == {}
     with torch.no_grad():  # a table that requires grad, with nothing to record: the fast path
         got = pn.relative_position_bias(weight.clone().requires_grad_(), 1, 50, query_offset=49)

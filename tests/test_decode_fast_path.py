@@ -1234,3 +1234,17 @@ def test_fast_path_takes_tensors_that_require_grad_where_nothing_is_recorded():
     for got, want in ((out_q, want_q), (out_k, want_k), (leaf.detach(), want_q), (param.detach(), want_k)):
         torch.testing.assert_close(got.double(), want, atol=2e-6, rtol=0)
     assert torch.equal(out_q, leaf.detach()) and torch.equal(out_k, param.detach())
+    # angle inputs that require grad (refused under grad mode: the ops differentiate q and k only)
+    inv_freq = config.inv_freq().double().requires_grad_()
+    angles = pos[..., None].double() * inv_freq.detach()
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    qt, kt = q.transpose(1, 2), k.transpose(1, 2)
+    want_tq, want_tk = pn.apply_rotary_pos_emb(qt, kt, cos.float(), sin.float())
+    calls = _watch_fast_path()
+    with torch.no_grad():
+        got_q, got_k = pn.apply_rope(q, k, pos, inv_freq=inv_freq)
+        got_tq, got_tk = pn.apply_rotary_pos_emb(qt, kt, cos.float().requires_grad_(), sin.float())
+    assert calls() == {"rope": 1, "rope_cos_sin": 1}
+    torch.testing.assert_close(got_q.double(), want_q, atol=2e-6, rtol=0)
+    torch.testing.assert_close(got_k.double(), want_k, atol=2e-6, rtol=0)
+    assert torch.equal(got_tq, want_tq) and torch.equal(got_tk, want_tk)

@@ -93,14 +93,19 @@ static int is_inference(PyObject* t) {
   return 1;
 }
 
+/* 1 if autograd would record a call on t: grad mode on and t requires grad; 0 if not, -1 on error. */
+static int grad_wanted(PyObject* t) {
+  int r = attr_true(t, s_requires_grad);
+  return r == 1 ? call_true(fp.grad_enabled) : r;
+}
+
 /* Whether a call on q and k (plain tensors: is_plain_tensor) may skip the dispatcher: no gradient wanted (grad
  * mode off, or neither requires grad), no inference tensor written in place outside inference mode,
  * no functorch transform, dispatch or function mode, profiler, jit tracer or forward-mode AD level
  * active. 1 yes, 0 no, -1 error. (The caller checked torch.compile.) */
 static int nothing_intercepts(int in_place, PyObject* q, PyObject* k) {
   int r;
-  if ((r = attr_true(q, s_requires_grad)) == 0) r = attr_true(k, s_requires_grad);
-  if (r != 0 && (r < 0 || (r = call_true(fp.grad_enabled)) != 0)) return r < 0 ? -1 : 0;
+  if ((r = grad_wanted(q)) != 0 || (r = grad_wanted(k)) != 0) return r < 0 ? -1 : 0;
   if (in_place) {
     int inference = is_inference(q);
     if (inference == 0) inference = is_inference(k);
@@ -217,8 +222,8 @@ static int last_dim_is(PyObject* t, int64_t n) {
  * error that is not the op's refusal. *ran says whether the kernel ran. Bit i of floating says
  * args[i] is a floating-point tensor that may be a negative view (positions are integers, and the
  * config's cached frequencies are the package's own): those are checked, and past q and k (checked
- * by nothing_intercepts) declined when they require grad (frequencies, cos/sin: the general path
- * refuses them, rather than drop their gradient). */
+ * by nothing_intercepts) declined when autograd would record them (frequencies, cos/sin that require
+ * grad under grad mode: the general path refuses them, rather than drop their gradient). */
 #define MAX_ARGS 12
 static PyObject* run(int op, PyObject* const* args, Py_ssize_t n, unsigned floating, int64_t q_last_dim, int* ran) {
   *ran = 0;
@@ -230,7 +235,7 @@ static PyObject* run(int op, PyObject* const* args, Py_ssize_t n, unsigned float
     if (floating & (1u << i) && a[i].tag == POSENC_ARG_TENSOR) {
       const int negative = is_negative_view(args[i]);
       if (negative != 0) return negative < 0 ? NULL : Py_NewRef(Py_None);
-      const int wants_grad = i >= 2 ? attr_true(args[i], s_requires_grad) : 0;
+      const int wants_grad = i >= 2 ? grad_wanted(args[i]) : 0;
       if (wants_grad != 0) return wants_grad < 0 ? NULL : Py_NewRef(Py_None);
     }
   }

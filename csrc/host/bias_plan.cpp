@@ -1,5 +1,7 @@
 #include "host/bias_plan.h"
 
+#include <vector>
+
 #include <cmath>
 
 namespace posenc {
@@ -141,14 +143,27 @@ Tensor alibi_bias_op(const AlibiArgs& a, const Backend& backend) {
   check_lengths(op, query_length, key_length, query_offset);
   Tensor out = empty({1, slopes.size(0), query_length, key_length}, out_dtype, slopes);
   if (out.numel() == 0) return out;
-  const Tensor slopes64 = as_contiguous(to_dtype(slopes, ScalarType::Double));  // [heads]: a no-op for float64 input
+  // The kernel reads float64 slopes: CPU slopes converted here (a few heads; torch's `to`, a
+  // dispatcher call, was a fifth of a decode-size bias), a device's by torch.
+  std::vector<double> host_slopes;
+  Tensor slopes64;
+  if (slopes.device().is_cpu()) {
+    host_slopes.resize(slopes.size(0));
+    dispatch_float_types(dtype_of(slopes), op, [&](auto zero) {
+      using T = decltype(zero);
+      const T* data = static_cast<const T*>(slopes.data_ptr());
+      for (int64_t h = 0; h < slopes.size(0); ++h) host_slopes[h] = static_cast<double>(data[h * slopes.stride(0)]);
+    });
+  } else {
+    slopes64 = as_contiguous(to_dtype(slopes, ScalarType::Double));  // [heads]: a no-op for float64 input
+  }
   RelativeBiasProblem p;
   p.kind = BiasKind::Alibi;
   p.heads = slopes.size(0);
   p.query_length = query_length;
   p.key_length = key_length;
   p.query_offset = query_offset;
-  p.slopes = static_cast<const double*>(slopes64.data_ptr());
+  p.slopes = host_slopes.empty() ? static_cast<const double*>(slopes64.data_ptr()) : host_slopes.data();
   p.out = out.data_ptr();
   backend.relative_bias(p, out_dtype);
   return out;

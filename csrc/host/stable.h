@@ -104,12 +104,51 @@ inline Tensor to_cpu(const Tensor& t, ScalarType dtype) {
                            Device(torch::headeronly::DeviceType::CPU));
 }
 inline Tensor as_contiguous(const Tensor& t) { return t.is_contiguous() ? t : torch::stable::contiguous(t); }
-inline Tensor empty(std::initializer_list<int64_t> sizes, ScalarType dtype, const Tensor& like) {
-  return torch::stable::empty(torch::headeronly::IntHeaderOnlyArrayRef(sizes.begin(), sizes.size()), dtype,
-                              std::nullopt, like.device());
+
+// A new tensor of these sizes and strides, dtype (the shim's code) and like's device, through the
+// direct allocation shim: torch::stable's ops are boxed dispatcher calls that look the op up by name
+// (aten::empty: ~1 us, a fifth of a decode-size bias call; benchmarks/RESULTS.md).
+inline Tensor empty_strided_like(torch::headeronly::IntHeaderOnlyArrayRef size, const int64_t* stride, int32_t dtype,
+                                 const Tensor& like) {
+  int32_t device_type = 0, device_index = 0;
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(like.get(), &device_type));
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(like.get(), &device_index));
+  AtenTensorHandle out = nullptr;
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(static_cast<int64_t>(size.size()), size.data(), stride,
+                                                         dtype, device_type, device_index, &out));
+  return Tensor(out);
 }
+
+// The shim's code of a dtype these ops make (dtype_of's inverse), or -1 for another.
+inline int32_t dtype_code(ScalarType t) {
+  switch (t) {
+    case ScalarType::Float: return aoti_torch_dtype_float32();
+    case ScalarType::Double: return aoti_torch_dtype_float64();
+    case ScalarType::Half: return aoti_torch_dtype_float16();
+    case ScalarType::BFloat16: return aoti_torch_dtype_bfloat16();
+    case ScalarType::Long: return aoti_torch_dtype_int64();
+    case ScalarType::Int: return aoti_torch_dtype_int32();
+    default: return -1;
+  }
+}
+
+// torch.empty(sizes, dtype=dtype, device=like.device()): row-major, strides as ATen computes them
+// (a dim of size 0 counts as 1). Sizes that are negative or overflow, and other dtypes, go to
+// aten::empty itself, which explains them.
 inline Tensor empty(torch::headeronly::IntHeaderOnlyArrayRef sizes, ScalarType dtype, const Tensor& like) {
-  return torch::stable::empty(sizes, dtype, std::nullopt, like.device());
+  constexpr size_t kMaxDims = 16;
+  int64_t strides[kMaxDims];
+  int64_t step = 1;
+  bool direct = sizes.size() <= kMaxDims && dtype_code(dtype) >= 0;
+  for (size_t d = sizes.size(); direct && d-- > 0;) {
+    strides[d] = step;
+    direct = sizes[d] >= 0 && !__builtin_mul_overflow(step, std::max<int64_t>(sizes[d], 1), &step);
+  }
+  if (!direct) return torch::stable::empty(sizes, dtype, std::nullopt, like.device());
+  return empty_strided_like(sizes, strides, dtype_code(dtype), like);
+}
+inline Tensor empty(std::initializer_list<int64_t> sizes, ScalarType dtype, const Tensor& like) {
+  return empty(torch::headeronly::IntHeaderOnlyArrayRef(sizes.begin(), sizes.size()), dtype, like);
 }
 
 // Every element at its own address with no gaps between them (some permutation of the dims is
@@ -139,16 +178,9 @@ inline bool non_overlapping_and_dense(const Tensor& t) {
 // t goes to aten::empty_like itself.
 inline Tensor new_empty_like(const Tensor& t) {
   if (!non_overlapping_and_dense(t)) return torch::stable::empty_like(t);
-  int32_t dtype = 0, device_type = 0, device_index = 0;
+  int32_t dtype = 0;
   STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(t.get(), &dtype));
-  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(t.get(), &device_type));
-  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(t.get(), &device_index));
-  const auto size = t.sizes();
-  const auto stride = t.strides();
-  AtenTensorHandle out = nullptr;
-  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(static_cast<int64_t>(size.size()), size.data(),
-                                                         stride.data(), dtype, device_type, device_index, &out));
-  return Tensor(out);
+  return empty_strided_like(t.sizes(), t.strides().data(), dtype, t);
 }
 
 // An output like t for kernels that write rows with a contiguous last dim: t's layout when its last

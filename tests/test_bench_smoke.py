@@ -128,26 +128,6 @@ def test_bench_mrope_quick():
     assert "ratio range over rounds" in proc.stdout and "goals met" in proc.stdout
 
 
-BIAS_BENCH = BENCH.parent / "bench_bias.py"
-
-
-@pytest.mark.skipif(not BIAS_BENCH.exists(), reason="benchmarks/ not in this tree")
-def test_bench_bias_quick():
-    """bench_bias.py --quick prints every row, each dtype's biases (full and one decode row) having
-    first matched transformers' (the bench exits otherwise)."""
-    proc = subprocess.run([sys.executable, str(BIAS_BENCH), "--quick"], capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    names = " ".join(table_rows(proc.stdout))
-    for dtype in ("float32", "bfloat16", "float16"):
-        for what in (f"relative_position_bias H=4 L=256 {dtype} backward", f"alibi_bias H=4 L=256 {dtype} backward",
-                     f"decode relative_position_bias H=4 1x256 {dtype}", f"decode alibi_bias H=4 1x256 {dtype}"):
-            assert what in names, f"{what!r} missing from the table:\n{proc.stdout}"
-    for baseline in ("transformers compute_bias", "BLOOM build_alibi_tensor", "torch.empty + fill_", "grad.sum()"):
-        assert baseline in names
-    assert "goals met" in proc.stdout
-
-
 MICRO = BENCH.parent / "micro"
 
 

@@ -706,7 +706,11 @@ def test_bench_bias_quick_runs():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "command:  python benchmarks/bench_bias.py --quick" in out or "bench_bias.py --quick" in out
-    for name in ("relative_position_bias H=4 L=256 float32", "alibi_bias H=4 L=256 bfloat16",
-                 "transformers compute_bias + .contiguous()", "BLOOM build_alibi_tensor", "torch.empty + fill_"):
+    for name in ("transformers compute_bias + .contiguous()", "BLOOM build_alibi_tensor", "torch.empty + fill_",
+                 "grad.sum()"):
         assert name in out, out
+    for dtype in ("float32", "bfloat16", "float16"):  # every dtype, each row after its check against transformers
+        for name in (f"relative_position_bias H=4 L=256 {dtype} backward", f"alibi_bias H=4 L=256 {dtype} backward",
+                     f"decode relative_position_bias H=4 1x256 {dtype}", f"decode alibi_bias H=4 1x256 {dtype}"):
+            assert name in out, out
     assert "goals met" in out

@@ -163,6 +163,31 @@ def test_bias_equals_the_exact_reference(config, lq, lk, offset, heads):
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (8, 9), (16, 20), (64, 1000)])
+def test_long_bias_rows_equal_the_exact_reference(bidirectional, num_buckets, max_distance):
+    """Rows longer than the CPU table's chunks (256 diagonals), where most diagonals past
+    max_distance share one bucket (the kernel fills runs of one bucket), on both sides of r = 0,
+    and ALiBi rows, per dtype, rounded once from the float64 product."""
+    g = torch.Generator().manual_seed(num_buckets + max_distance)
+    w = torch.randn(num_buckets, 5, generator=g, dtype=torch.float64)
+    slopes = torch.rand(5, generator=g) * 2 - 1
+    for lq, lk, offset in [(1, 255, 254), (1, 257, 256), (1, 3000, 2999), (3, 1000, 0), (2, 700, -350),
+                           (1, 600, 10 ** 6), (1, 513, -600), (4, 256, 100)]:
+        want = reference.relative_position_bias(w, lq, lk, bidirectional=bidirectional, max_distance=max_distance,
+                                                query_offset=offset)
+        for dtype in (torch.float64, torch.float32, torch.bfloat16, torch.float16):
+            got = pn.relative_position_bias(w.to(dtype), lq, lk, bidirectional=bidirectional,
+                                            max_distance=max_distance, query_offset=offset)
+            assert torch.equal(got, want.to(dtype)), (dtype, lq, lk, offset)
+        if bidirectional and num_buckets == 32:
+            exact = reference.alibi_bias(slopes, lq, lk, query_offset=offset)
+            for dtype in (torch.float64, torch.float32, torch.bfloat16, torch.float16):
+                got = pn.alibi_bias(slopes, lq, lk, query_offset=offset, dtype=dtype)
+                assert torch.equal(got, exact.to(dtype) if dtype == torch.float64 else exact.float().to(dtype)), (
+                    dtype, lq, lk, offset)
+
+
 def test_bias_reads_a_strided_weight():
     w = torch.randn(8, 32, dtype=torch.float32).t()  # [32, 8] with strides (1, 32)
     got = pn.relative_position_bias(w, 20, 30, query_offset=4)

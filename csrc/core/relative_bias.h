@@ -71,18 +71,27 @@ struct RelativeBiasProblem {
   POSENC_HD int64_t relative(int64_t t) const { return t - (query_length - 1) - query_offset; }
 };
 
-// Writes value(h, r) for every head h to dst[h * dst_stride_h]: the one body of the forward.
+// The forward's two values of head h: T5's weight at r's bucket, ALiBi's slope times r (the distance).
+template <typename T>
+POSENC_HD T t5_value(const RelativeBiasProblem& p, int64_t bucket, int64_t h) {
+  return static_cast<const T*>(p.weight)[bucket * p.weight_stride_b + h * p.weight_stride_h];
+}
+// The product in float64, rounded once to the math type: exact for float32 slopes and |r| < 2^29.
+// In float32, r itself would round past 2^24 and a float64 slope before the product.
+template <typename T>
+POSENC_HD T alibi_value(const RelativeBiasProblem& p, double distance, int64_t h) {
+  return from_math<T>(static_cast<math_t<T>>(p.slopes[h] * distance));
+}
+
+// Writes value(h, r) for every head h to dst[h * dst_stride_h] (the GPU's work item).
 template <typename T>
 POSENC_HD void bias_column(const RelativeBiasProblem& p, int64_t r, T* dst, int64_t dst_stride_h) {
   if (p.kind == BiasKind::T5) {
-    const T* w = static_cast<const T*>(p.weight) + p.t5.bucket(r) * p.weight_stride_b;
-    for (int64_t h = 0; h < p.heads; ++h) dst[h * dst_stride_h] = w[h * p.weight_stride_h];
+    const int64_t bucket = p.t5.bucket(r);
+    for (int64_t h = 0; h < p.heads; ++h) dst[h * dst_stride_h] = t5_value<T>(p, bucket, h);
   } else {
-    // The product in float64, rounded once to the math type: exact for float32 slopes and |r| < 2^29.
-    // In float32, r itself would round past 2^24 and a float64 slope before the product.
-    using M = math_t<T>;
     const double distance = static_cast<double>(r);
-    for (int64_t h = 0; h < p.heads; ++h) dst[h * dst_stride_h] = from_math<T>(static_cast<M>(p.slopes[h] * distance));
+    for (int64_t h = 0; h < p.heads; ++h) dst[h * dst_stride_h] = alibi_value<T>(p, distance, h);
   }
 }
 

@@ -4,6 +4,7 @@
 // of that table: one pass over the output, as fast as filling it. The backward sums the gradient
 // along diagonals in fixed row blocks (the same sums for any thread count), then per bucket.
 
+#include <algorithm>
 #include <vector>
 
 #include "cpu/isa.h"
@@ -12,27 +13,90 @@
 namespace posenc::cpu {
 namespace {
 
-// dst[h * dst_stride_h + t] = value(h, relative(t)) for t in [begin, end). Columns (one bucket, every
-// head) go to a small buffer first and then out head by head, so the writes run along rows: writing
-// each column straight to H rows far apart (often a power of two apart) thrashes the cache sets.
+// One bucket per run of diagonals [start[k], start[k + 1]) of the chunk t0 .. t0 + n (T5). On
+// either side of r = 0 the bucket grows with |r| (exact, then log-spaced, then clamped at
+// max_distance), and the two sides' buckets differ (bidirectional: the lower and the upper half;
+// decoder: every r >= 0 has bucket 0, which no r < 0 has), so a stretch whose ends share a bucket is
+// one run: most of a long row past max_distance is found with two bucket() calls.
+struct BucketRuns {
+  static constexpr int64_t kChunk = 256;
+  int64_t start[kChunk + 1], bucket[kChunk];
+  int64_t count = 0;
+
+  BucketRuns(const RelativeBiasProblem& p, int64_t t0, int64_t n) {
+    add(p, t0, 0, n, p.t5.bucket(p.relative(t0)), p.t5.bucket(p.relative(t0 + n - 1)));
+    start[count] = n;
+  }
+
+ private:
+  // [a, b) of the chunk, whose first and last diagonals' buckets are first and last
+  void add(const RelativeBiasProblem& p, int64_t t0, int64_t a, int64_t b, int64_t first, int64_t last) {
+    if (first == last) {
+      append(a, first);
+      return;
+    }
+    if (b - a <= 8) {  // a short stretch of several buckets: bucket by bucket
+      for (int64_t t = a; t < b - 1; ++t) append(t, t == a ? first : p.t5.bucket(p.relative(t0 + t)));
+      append(b - 1, last);
+      return;
+    }
+    const int64_t mid = a + (b - a) / 2;
+    add(p, t0, a, mid, first, p.t5.bucket(p.relative(t0 + mid - 1)));
+    add(p, t0, mid, b, p.t5.bucket(p.relative(t0 + mid)), last);
+  }
+  void append(int64_t t, int64_t b) {
+    if (count == 0 || bucket[count - 1] != b) start[count] = t, bucket[count++] = b;
+  }
+};
+
+// dst[h * dst_stride_h + t] = value(h, relative(t)) for t in [begin, end), head by head, so the writes
+// run along rows (writing a column, every head of one t, straight to H rows far apart, often a power
+// of two apart, thrashes the cache sets): T5 a fill per run of one bucket, ALiBi a product per element.
+// narrow: the path's kernel (isa.h, EncodingRowFn without x) that rounds an ALiBi row formed in float32
+// to fp16 (F16C), with the bits of from_math (the compiled rounding took 3x the float32 row's time).
 template <typename T>
-void table_range(const RelativeBiasProblem& p, T* dst, int64_t dst_stride_h, int64_t begin, int64_t end) {
-  constexpr int64_t kChunk = 256;
-  std::vector<T> columns(static_cast<size_t>(kChunk * p.heads));
-  for (int64_t t0 = begin; t0 < end; t0 += kChunk) {
-    const int64_t n = std::min(kChunk, end - t0);
-    for (int64_t k = 0; k < n; ++k) bias_column<T>(p, p.relative(t0 + k), columns.data() + k * p.heads, 1);
-    for (int64_t h = 0; h < p.heads; ++h) {
-      T* row = dst + h * dst_stride_h + t0;
-      for (int64_t k = 0; k < n; ++k) row[k] = columns[k * p.heads + h];
+POSENC_CPU_CLONES void table_range(const RelativeBiasProblem& p, T* dst, int64_t dst_stride_h, int64_t begin,
+                                   int64_t end, EncodingRowFn narrow) {
+  for (int64_t t0 = begin; t0 < end; t0 += BucketRuns::kChunk) {
+    const int64_t n = std::min(BucketRuns::kChunk, end - t0);
+    if (p.kind == BiasKind::T5) {
+      const BucketRuns runs(p, t0, n);
+      for (int64_t h = 0; h < p.heads; ++h) {
+        T* row = dst + h * dst_stride_h + t0;
+        for (int64_t k = 0; k < runs.count; ++k) {
+          std::fill(row + runs.start[k], row + runs.start[k + 1], t5_value<T>(p, runs.bucket[k], h));
+        }
+      }
+    } else {
+      const double d0 = static_cast<double>(p.relative(t0));  // + k exactly: |r| < 2^53
+      for (int64_t h = 0; h < p.heads; ++h) {
+        T* row = dst + h * dst_stride_h + t0;
+        int32_t done = 0;
+        if constexpr (kRowDtype<T> == kRowHalf) {
+          if (narrow != nullptr) {
+            float formed[BucketRuns::kChunk];
+            for (int32_t k = 0; k < static_cast<int32_t>(n); ++k) {
+              formed[k] = static_cast<float>(p.slopes[h] * (d0 + static_cast<double>(k)));
+            }
+            done = static_cast<int32_t>(narrow(row, nullptr, 1.0f, formed, n));
+          }
+        }
+        for (int32_t k = done; k < static_cast<int32_t>(n); ++k) row[k] = alibi_value<T>(p, d0 + static_cast<double>(k), h);
+      }
     }
   }
 }
 
 template <typename T>
 void build_table(const RelativeBiasProblem& p, T* dst, int64_t dst_stride_h) {
+  EncodingRowFn narrow = nullptr;
+  if constexpr (kRowDtype<T> == kRowHalf) {  // (bf16's compiled rounding is as fast; AVX512-BF16's flushes subnormals)
+    if (const RowKernels* k = p.kind == BiasKind::Alibi ? row_kernels(cpu_isa(), false, false, false) : nullptr) {
+      narrow = k->encoding[kRowDtype<T>];
+    }
+  }
   torch::stable::parallel_for(0, p.diagonals(), 4096, [&](int64_t begin, int64_t end) {
-    table_range<T>(p, dst, dst_stride_h, begin, end);
+    table_range<T>(p, dst, dst_stride_h, begin, end, narrow);
   });
 }
 

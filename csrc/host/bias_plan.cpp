@@ -1,8 +1,7 @@
 #include "host/bias_plan.h"
 
-#include <vector>
-
 #include <cmath>
+#include <vector>
 
 namespace posenc {
 namespace {

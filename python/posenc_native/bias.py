@@ -91,9 +91,9 @@ def relative_position_bias(weight: torch.Tensor, query_length: int, key_length: 
     and head).
     """
     nb = num_buckets if num_buckets is not None else (static_int(weight.shape[0]) if weight.dim() > 0 else 0)
-    if _ops._FAST is not None and not _ops._is_compiling():  # the decode fast path (ops.py): plain CPU tensors, nothing to record
+    if _ops._FAST is not None and not _ops._is_compiling():  # the decode fast path (ops.py): nothing to record
         out = _ops._FAST.relative_position_bias(weight, query_length, key_length, bidirectional, nb, max_distance,
-                                           query_offset)
+                                                query_offset)
         if out is not None:
             return out
     with autograd_skipped(weight):

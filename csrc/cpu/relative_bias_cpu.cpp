@@ -76,7 +76,7 @@ POSENC_CPU_CLONES void table_range(const RelativeBiasProblem& p, T* dst, int64_t
           if (narrow != nullptr) {
             float formed[BucketRuns::kChunk];
             for (int32_t k = 0; k < static_cast<int32_t>(n); ++k) {
-              formed[k] = static_cast<float>(p.slopes[h] * (d0 + static_cast<double>(k)));
+              formed[k] = alibi_value<float>(p, d0 + static_cast<double>(k), h);
             }
             done = static_cast<int32_t>(narrow(row, nullptr, 1.0f, formed, n));
           }

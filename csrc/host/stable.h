@@ -10,11 +10,12 @@
 #include <torch/headeronly/util/Half.h>
 
 #include <algorithm>
-#include <utility>
+#include <array>
 #include <optional>
 #include <ostream>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 
 namespace posenc {
 
@@ -65,20 +66,30 @@ inline std::ostream& operator<<(std::ostream& o, const DeviceText& t) {
 }
 inline DeviceText device_of(const Tensor& t) { return {t.device()}; }
 
+// The dtypes these ops take, with the shim's code of each, read once (most frequent first):
+// dtype_of and dtype_code look them up here.
+struct DtypeCode {
+  ScalarType type;
+  int32_t code;
+};
+inline const std::array<DtypeCode, 6>& dtype_codes() {
+  static const std::array<DtypeCode, 6> codes{{{ScalarType::Float, aoti_torch_dtype_float32()},
+                                               {ScalarType::BFloat16, aoti_torch_dtype_bfloat16()},
+                                               {ScalarType::Half, aoti_torch_dtype_float16()},
+                                               {ScalarType::Long, aoti_torch_dtype_int64()},
+                                               {ScalarType::Int, aoti_torch_dtype_int32()},
+                                               {ScalarType::Double, aoti_torch_dtype_float64()}}};
+  return codes;
+}
+
 // t.scalar_type(), without torch::stable's general conversion (a chain of a dozen shim calls per
-// lookup, ~5% of a decode call's host work): the shim's codes of the dtypes these ops take, read once.
+// lookup, ~5% of a decode call's host work).
 inline ScalarType dtype_of(const Tensor& t) {
   int32_t code = 0;
   STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(t.get(), &code));
-  static const int32_t f32 = aoti_torch_dtype_float32(), f64 = aoti_torch_dtype_float64(),
-                       f16 = aoti_torch_dtype_float16(), bf16 = aoti_torch_dtype_bfloat16(),
-                       i64 = aoti_torch_dtype_int64(), i32 = aoti_torch_dtype_int32();
-  if (code == f32) return ScalarType::Float;
-  if (code == bf16) return ScalarType::BFloat16;
-  if (code == f16) return ScalarType::Half;
-  if (code == i64) return ScalarType::Long;
-  if (code == i32) return ScalarType::Int;
-  if (code == f64) return ScalarType::Double;
+  for (const DtypeCode& d : dtype_codes()) {
+    if (d.code == code) return d.type;
+  }
   return t.scalar_type();  // another dtype: an argument about to be refused
 }
 
@@ -121,15 +132,10 @@ inline Tensor empty_strided_like(torch::headeronly::IntHeaderOnlyArrayRef size, 
 
 // The shim's code of a dtype these ops make (dtype_of's inverse), or -1 for another.
 inline int32_t dtype_code(ScalarType t) {
-  switch (t) {
-    case ScalarType::Float: return aoti_torch_dtype_float32();
-    case ScalarType::Double: return aoti_torch_dtype_float64();
-    case ScalarType::Half: return aoti_torch_dtype_float16();
-    case ScalarType::BFloat16: return aoti_torch_dtype_bfloat16();
-    case ScalarType::Long: return aoti_torch_dtype_int64();
-    case ScalarType::Int: return aoti_torch_dtype_int32();
-    default: return -1;
+  for (const DtypeCode& d : dtype_codes()) {
+    if (d.type == t) return d.code;
   }
+  return -1;
 }
 
 // torch.empty(sizes, dtype=dtype, device=like.device()): row-major, strides as ATen computes them
@@ -139,13 +145,14 @@ inline Tensor empty(torch::headeronly::IntHeaderOnlyArrayRef sizes, ScalarType d
   constexpr size_t kMaxDims = 16;
   int64_t strides[kMaxDims];
   int64_t step = 1;
-  bool direct = sizes.size() <= kMaxDims && dtype_code(dtype) >= 0;
+  const int32_t code = dtype_code(dtype);
+  bool direct = sizes.size() <= kMaxDims && code >= 0;
   for (size_t d = sizes.size(); direct && d-- > 0;) {
     strides[d] = step;
     direct = sizes[d] >= 0 && !__builtin_mul_overflow(step, std::max<int64_t>(sizes[d], 1), &step);
   }
   if (!direct) return torch::stable::empty(sizes, dtype, std::nullopt, like.device());
-  return empty_strided_like(sizes, strides, dtype_code(dtype), like);
+  return empty_strided_like(sizes, strides, code, like);
 }
 inline Tensor empty(std::initializer_list<int64_t> sizes, ScalarType dtype, const Tensor& like) {
   return empty(torch::headeronly::IntHeaderOnlyArrayRef(sizes.begin(), sizes.size()), dtype, like);

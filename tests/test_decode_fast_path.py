@@ -1186,7 +1186,7 @@ def test_bias_fast_path_keeps_reference_counts():
     assert [sys.getrefcount(o) for o in objects] == before
 
 
-def test_large_biases_from_threads_match_the_general_path():
+def test_large_biases_from_threads_equal_the_reference():
     """Outputs past the size from which the fast path releases the GIL (their elements counted from
     the sizes: the table itself is small), made from several threads at once."""
     import threading

@@ -1,7 +1,7 @@
 // CPU kernels of the relative-position-bias ops (csrc/core/relative_bias.h). The bias is constant
-// along diagonals, so the forward builds the Lq + Lk - 1 diagonal values per head once (one bucket
-// per relative position, shared by all heads) and writes every output row as a copy of a window
-// of that table: one pass over the output, as fast as filling it. The backward sums the gradient
+// along diagonals, so the forward builds the Lq + Lk - 1 diagonal values per head once (T5: as fills
+// of runs of relative positions that share a bucket, found once for all heads) and writes every
+// output row as a copy of a window of that table: one pass over the output, as fast as filling it. The backward sums the gradient
 // along diagonals in fixed row blocks (the same sums for any thread count), then per bucket.
 
 #include <algorithm>

@@ -635,6 +635,10 @@ def _bad_cases():
         (lambda: pn.alibi_bias(s.int(), 4, 4), "slopes must be float32"),
         (lambda: pn.alibi_bias(s, -3, 4), "query_length must be >= 0"),
         (lambda: pn.alibi_bias(s, 3, 4, dtype=torch.int32), "dtype must be float32"),
+        (lambda: T5(w, 2**31, 2**31), "the output [1, heads, query_length, key_length] = [1, 4, 2147483648, "
+         "2147483648] of Float has more than 2^63 bytes"),
+        (lambda: pn.alibi_bias(s, 4, 2**59, dtype=torch.bfloat16), "the output [1, heads, query_length, key_length] "
+         "= [1, 4, 4, 576460752303423488] of BFloat16 has more than 2^63 bytes"),
         (lambda: pn.t5_relative_position_bucket(rp.float()), "relative_position must be int32 or int64"),
         (lambda: pn.t5_relative_position_bucket(rp, num_buckets=3), "num_buckets must be even"),
         (lambda: pn.t5_relative_position_bucket(rp, max_distance=1), "max_distance must be > 8"),

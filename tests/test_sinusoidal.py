@@ -366,6 +366,9 @@ def test_bad_dim():
             pn.sinusoidal_table(5, dim)
     with pytest.raises(RuntimeError, match=r"posenc\.add_sinusoidal: dim must be >= 2, got 1"):
         pn.add_sinusoidal(torch.randn(2, 5, 1))
+    with pytest.raises(RuntimeError, match=r"posenc\.sinusoidal_table: the output \[positions, dim\] = "
+                       r"\[16, 2305843009213693952\] of Half has more than 2\^63 bytes"):
+        pn.sinusoidal_table(16, 2**61, dtype=torch.float16)
 
 
 def test_bad_positions_rank():

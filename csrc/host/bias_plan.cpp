@@ -17,17 +17,6 @@ void check_lengths(const char* op, int64_t query_length, int64_t key_length, int
               ": query_offset must be in (-2^60, 2^60), got ", query_offset);
 }
 
-// The output [1, heads, query_length, key_length] of a float dtype must have a size in bytes that
-// int64 counts (else aten's allocator refuses it with a message that names no argument).
-void check_output_size(const char* op, int64_t heads, int64_t query_length, int64_t key_length, ScalarType dtype) {
-  const int64_t item = dtype == ScalarType::Double ? 8 : dtype == ScalarType::Float ? 4 : 2;
-  int64_t bytes = 0;
-  POSENC_CHECK(!__builtin_mul_overflow(heads * item, query_length, &bytes) &&
-                   !__builtin_mul_overflow(bytes, key_length, &bytes),
-               op, ": the output [1, heads, query_length, key_length] = [1, ", heads, ", ", query_length, ", ",
-               key_length, "] of ", dtype, " has more than 2^63 bytes");
-}
-
 // T5's bucketing parameters. Each direction needs >= 1 exact bucket (num_buckets >= 2, >= 4 when
 // bidirectional) and max_distance past the exact buckets (else the log-spaced formula divides by
 // log(max_distance / max_exact) <= 0).
@@ -100,7 +89,8 @@ Tensor relative_position_bias_op(const RelativeBiasArgs& a, const Backend& backe
   RelativeBiasProblem p;
   p.kind = BiasKind::T5;
   p.t5 = t5_bucketing(op, a.bidirectional, num_buckets, a.max_distance);
-  check_output_size(op, weight.size(1), query_length, key_length, dtype_of(weight));
+  check_output_size(op, "[1, heads, query_length, key_length]", {1, weight.size(1), query_length, key_length},
+                    dtype_of(weight));
   Tensor out = empty({1, weight.size(1), query_length, key_length}, dtype_of(weight), weight);
   if (out.numel() == 0) return out;
   p.heads = weight.size(1);
@@ -152,7 +142,8 @@ Tensor alibi_bias_op(const AlibiArgs& a, const Backend& backend) {
   const ScalarType out_dtype = a.dtype.value_or(dtype_of(slopes));
   POSENC_CHECK(is_float_dtype(out_dtype), op, ": dtype must be float32, float16, bfloat16 or float64, got ", out_dtype);
   check_lengths(op, query_length, key_length, query_offset);
-  check_output_size(op, slopes.size(0), query_length, key_length, out_dtype);
+  check_output_size(op, "[1, heads, query_length, key_length]", {1, slopes.size(0), query_length, key_length},
+                    out_dtype);
   Tensor out = empty({1, slopes.size(0), query_length, key_length}, out_dtype, slopes);
   if (out.numel() == 0) return out;
   // The kernel reads float64 slopes: CPU slopes converted here (a few heads; torch's `to`, a

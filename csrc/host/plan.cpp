@@ -196,6 +196,7 @@ Tensor sinusoidal_table_op(const SinusoidalTableArgs& a, const Backend& backend)
   p.params = sinusoidal_params(op, a.dim, a.base, a.interleaved, a.freq_shift, a.angle_scale, a.cos_first);
   const Tensor positions = sinusoidal_positions(op, a.positions);
   check_sinusoidal_domain(op, positions, positions.size(0), std::nullopt, p.params);
+  check_output_size(op, "[positions, dim]", {positions.size(0), a.dim}, a.dtype);
   Tensor out = empty({positions.size(0), a.dim}, a.dtype, positions);
   if (out.numel() == 0) return out;
   p.batch = 1;

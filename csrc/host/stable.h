@@ -138,6 +138,18 @@ inline int32_t dtype_code(ScalarType t) {
   return -1;
 }
 
+// Refuses an output whose size in bytes int64 does not count (aten's allocator would say only
+// "Storage size calculation overflowed"): `shape` names its dimensions for the message, as
+// "[1, heads, query_length, key_length]".
+inline void check_output_size(const char* op, const char* shape, std::initializer_list<int64_t> sizes,
+                              ScalarType dtype) {
+  int64_t bytes = dtype == ScalarType::Double ? 8 : dtype == ScalarType::Float ? 4 : 2;  // the float dtypes
+  for (const int64_t n : sizes) {
+    POSENC_CHECK(!__builtin_mul_overflow(bytes, std::max<int64_t>(n, 0), &bytes), op, ": the output ", shape, " = ",
+                 Dims{sizes}, " of ", dtype, " has more than 2^63 bytes");
+  }
+}
+
 // torch.empty(sizes, dtype=dtype, device=like.device()): row-major, strides as ATen computes them
 // (a dim of size 0 counts as 1). Sizes that are negative or overflow, and other dtypes, go to
 // aten::empty itself, which explains them.

@@ -1076,6 +1076,105 @@ def test_t5_decode_bias_fast_path_matches_transformers():
     assert calls() == {"relative_position_bias": 4}
 
 
+def test_bias_module_calls_are_nn_modules_call(monkeypatch):
+    """T5RelativePositionBias.__call__ and ALiBi.__call__ are module_call too: a plain module with no
+    hooks and nothing to record runs the op on the fast path (the reference's bits, positional and
+    keyword arguments, the defaults, the module's current weight and output dtype); hooks, a
+    forward set on the instance or the class, a subclass, a table that is no plain Embedding, a
+    weight that wants a gradient, a bad call and module.compile() take nn.Module.__call__ as before."""
+    t5 = pn.T5RelativePositionBias(6, bidirectional=False)
+    torch.nn.init.normal_(t5.relative_attention_bias.weight, generator=GEN)
+    alibi = pn.ALiBi(6)
+    t5_want = lambda *a, **kw: reference.relative_position_bias(  # noqa: E731
+        t5.relative_attention_bias.weight.detach().double(), *a, bidirectional=False, **kw).float()
+    alibi_want = lambda *a, dtype=torch.float32, **kw: reference.alibi_bias(  # noqa: E731
+        alibi.slopes, *a, **kw).to(torch.float32).to(dtype)
+    for module, want in ((t5, t5_want), (alibi, alibi_want)):
+        with torch.no_grad():  # (T5's weight is a Parameter that requires grad: nothing to record under no_grad)
+            calls = _watch_fast_path()
+            for got, expected in ((module(1, 130, 129), want(1, 130, query_offset=129)),
+                                  (module(1, 130, query_offset=129), want(1, 130, query_offset=129)),
+                                  (module(query_length=3, key_length=9, query_offset=-2), want(3, 9, query_offset=-2)),
+                                  (module(4, 7), want(4, 7))):
+                assert torch.equal(got, expected) and not got.requires_grad
+            assert calls() == {_op_of(module): 4}
+            for call in (lambda: module(1, 130, 129), lambda: module(4, 7), lambda: module(key_length=7, query_length=4)):
+                assert not _python_calls(call) & {"forward", "_call_impl", "_wrapped_call_impl"}
+            _each_hook_runs(module, lambda: module(1, 50, 49), want(1, 50, query_offset=49).double())
+            _bad_calls_raise_as_nn_module_does(module, (((), {}), ((1,), {}), ((1, 8), {"bogus": 1}),
+                                                        ((1, 8, 0, None, 1), {}), ((1,), {"query_length": 1})))
+            patched = type(module)(6)
+            patched.forward = lambda query_length, key_length, query_offset=0: ("patched", query_offset)
+            assert patched(1, 8, 3) == ("patched", 3)  # a forward set on the instance is the one called
+            monkeypatch.setattr(type(module), "forward", lambda self, *args: ("class", len(args)))
+            assert module(1, 8, 3) == ("class", 3)  # and one set on the class
+            monkeypatch.undo()
+
+            class Scaled(type(module)):
+                def forward(self, *args, **kwargs):
+                    return super().forward(*args, **kwargs) * 3
+            scaled = Scaled(6, bidirectional=False) if module is t5 else Scaled(6)
+            scaled.load_state_dict(module.state_dict())
+            assert torch.equal(scaled(1, 50, 49), 3 * want(1, 50, query_offset=49))
+
+    with torch.no_grad():
+        calls = _watch_fast_path()
+        bf16 = alibi(1, 300, 299, dtype=torch.bfloat16)  # dtype given, and the module's output_dtype after a cast
+        half = pn.ALiBi(6).half()(1, 300, query_offset=299)
+        assert bf16.dtype == torch.bfloat16 and torch.equal(bf16, alibi_want(1, 300, query_offset=299, dtype=torch.bfloat16))
+        assert half.dtype == torch.float16 and torch.equal(half, alibi_want(1, 300, query_offset=299, dtype=torch.float16))
+        new_weight = torch.randn(32, 6, generator=GEN)
+        t5.relative_attention_bias.weight = torch.nn.Parameter(new_weight)  # read per call
+        assert torch.equal(t5(1, 40, 39), reference.relative_position_bias(new_weight, 1, 40, bidirectional=False,
+                                                                            query_offset=39))
+        assert calls() == {"alibi_bias": 2, "relative_position_bias": 1}
+
+        class Table(torch.nn.Embedding):  # no plain Embedding: forward's own call of the function
+            pass
+        t5.relative_attention_bias = Table(32, 6, _weight=new_weight.clone())
+        assert "forward" in _python_calls(lambda: t5(1, 40, 39))
+        assert torch.equal(t5(1, 40, 39), reference.relative_position_bias(new_weight, 1, 40, bidirectional=False,
+                                                                            query_offset=39))
+    # a weight that wants a gradient: nn.Module.__call__, forward, the general path, and the gradient
+    assert "forward" in _python_calls(lambda: t5(1, 40, 39))
+    out = t5(1, 40, 39)
+    out.sum().backward()
+    assert out.requires_grad and t5.relative_attention_bias.weight.grad.abs().sum() > 0
+    t5.compile(backend="eager")
+    assert torch.equal(t5(1, 40, 39).detach(), out.detach())
+    assert t5._compiled_call_impl is not None
+
+
+def test_bias_module_calls_hold_their_tables_for_the_call_and_no_longer():
+    """The bias modules' module_call holds the weight or slopes, and the settings, for the call (the
+    fast path may run Python, where another thread could rebind them) and releases them: reference
+    counts are unchanged after many calls, declined ones included."""
+    import sys
+    t5, alibi = pn.T5RelativePositionBias(4), pn.ALiBi(4)
+    weight, slopes = t5.relative_attention_bias.weight, alibi.slopes
+    held = (weight, slopes, alibi.output_dtype, torch.bfloat16)
+    with torch.no_grad():
+        calls = (lambda: t5(1, 20, 19), lambda: alibi(1, 20, 19), lambda: alibi(1, 20, 19, torch.bfloat16),
+                 lambda: t5(1, 20.0, 19), lambda: alibi(1, 20, 19, "bf16"))  # (the last two: declined, then refused)
+        for call in calls:
+            try:
+                call()
+            except (RuntimeError, TypeError):
+                pass
+        before = [sys.getrefcount(o) for o in held]
+        for _ in range(100):
+            for call in calls:
+                try:
+                    call()
+                except (RuntimeError, TypeError):
+                    pass
+        assert [sys.getrefcount(o) for o in held] == before
+
+
+def _op_of(module: torch.nn.Module) -> str:
+    return "relative_position_bias" if isinstance(module, pn.T5RelativePositionBias) else "alibi_bias"
+
+
 def test_bias_fast_path_steps_aside_for_grad_modes_and_negative_views():
     g = torch.Generator().manual_seed(33)
     weight = torch.randn(32, 4, generator=g, dtype=torch.float64)

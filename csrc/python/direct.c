@@ -40,6 +40,7 @@ static struct {
   PyObject* general;                 /* ops._rope: the general path of a rope call */
   PyObject* empty_k;                 /* ops._empty_k(q, layout): the k of zero heads a q-only call passes the op */
   PyObject* nn_module;               /* torch.nn.Module, whose __call__ takes the calls module_call declines */
+  PyObject* embedding_type;          /* torch.nn.Embedding: T5RelativePositionBias's table, exactly of this class */
   PyObject* nn_module_globals;       /* torch.nn.modules.module's namespace: its global hook dicts */
   PyObject* forward_ad_globals;      /* torch.autograd.forward_ad's namespace: _current_level */
   PosencDirectKernel direct[N_OPS];  /* each op's direct kernel, or NULL (torch < 2.14) */
@@ -53,6 +54,9 @@ static const char* const global_hook_names[] = {"_global_forward_hooks", "_globa
                                                 "_global_backward_hooks", "_global_backward_pre_hooks"};
 enum { N_HOOK_NAMES = 4 };
 static PyObject *s_hooks[N_HOOK_NAMES], *s_global_hooks[N_HOOK_NAMES], *s_compiled_call, *s_config, *s_layout, *s_d_model;
+/* What the bias modules' forwards read of self: nn.Module's member tables, and the members. */
+static PyObject *s_modules, *s_parameters, *s_buffers, *s_relative_attention_bias, *s_weight, *s_bidirectional,
+    *s_num_buckets, *s_max_distance, *s_slopes, *s_output_dtype;
 static PyObject *c_zero, *c_one, *c_base; /* 0.0, 1.0 and 10000.0: add_sinusoidal's defaults */
 static PyObject* c_offset; /* 0: the module forwards' default offset */
 
@@ -406,6 +410,9 @@ typedef PyObject* (*ModuleFastCall)(PyObject* dict, PyObject* const* args);
 static PyObject* rotary_fast_call(PyObject* dict, PyObject* const* args);
 static PyObject* sinusoidal_fast_call(PyObject* dict, PyObject* const* args);
 static PyObject* add_sinusoidal_fast(PyObject* const* a, int64_t x_last_dim);
+static PyObject* t5_bias_fast_call(PyObject* dict, PyObject* const* args);
+static PyObject* alibi_fast_call(PyObject* dict, PyObject* const* args);
+static PyObject* bias_fast(int op, PyObject* const* a, Py_ssize_t nargs, Py_ssize_t n, const char* kinds);
 enum { MAX_FORWARD = 5 };
 static struct {
   const char* name;                     /* module_call's name for it */
@@ -416,6 +423,8 @@ static struct {
 } module_kinds[] = {
     {"RotaryEmbedding", {"q", "k", "positions", "offset", "cu_seqlens"}, 5, 3, rotary_fast_call, NULL, NULL},
     {"SinusoidalPositionalEncoding", {"x", "offset"}, 2, 1, sinusoidal_fast_call, NULL, NULL},
+    {"T5RelativePositionBias", {"query_length", "key_length", "query_offset"}, 3, 2, t5_bias_fast_call, NULL, NULL},
+    {"ALiBi", {"query_length", "key_length", "query_offset", "dtype"}, 4, 2, alibi_fast_call, NULL, NULL},
 };
 enum { N_MODULE_KINDS = sizeof(module_kinds) / sizeof(module_kinds[0]) };
 
@@ -510,6 +519,56 @@ static PyObject* sinusoidal_fast_call(PyObject* dict, PyObject* const* args) {
   return add_sinusoidal_fast(a, dim);
 }
 
+/* The member `name` of the nn.Module whose __dict__ is dict, where nn.Module.__getattr__ finds it:
+ * in dict[table] (_parameters, _buffers or _modules), nothing of that name in dict itself. Borrowed;
+ * NULL without an error where it is not there. */
+static PyObject* module_member(PyObject* dict, PyObject* table, PyObject* name) {
+  PyObject* members = PyDict_GetItemWithError(dict, table);
+  if (members == NULL || !PyDict_Check(members)) return NULL;
+  int shadowed = PyDict_Contains(dict, name);
+  return shadowed == 0 ? PyDict_GetItemWithError(members, name) : NULL;
+}
+
+/* T5RelativePositionBias.forward(query_length, key_length, query_offset=0): relative_position_bias
+ * with the module's settings and the weight of its relative_attention_bias (exactly an nn.Embedding,
+ * whose forward the op does not call), all held for the call (bias_fast may run Python). */
+static PyObject* t5_bias_fast_call(PyObject* dict, PyObject* const* args) {
+  PyObject* embedding = module_member(dict, s_modules, s_relative_attention_bias);
+  if (embedding == NULL || (PyObject*)Py_TYPE(embedding) != fp.embedding_type)
+    return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+  PyObject* embedding_dict = PyObject_GenericGetDict(embedding, NULL);
+  if (embedding_dict == NULL) return NULL;
+  /* weight, query_length, key_length, bidirectional, num_buckets, max_distance, query_offset */
+  PyObject* a[7] = {module_member(embedding_dict, s_parameters, s_weight), args[0], args[1], NULL, NULL, NULL, args[2]};
+  if (a[0] != NULL) a[3] = PyDict_GetItemWithError(dict, s_bidirectional);
+  if (a[3] != NULL) a[4] = PyDict_GetItemWithError(dict, s_num_buckets);
+  if (a[4] != NULL) a[5] = PyDict_GetItemWithError(dict, s_max_distance);
+  PyObject* result = NULL;
+  if (a[5] != NULL) {
+    const int held[] = {0, 3, 4, 5};
+    for (int i = 0; i < 4; ++i) Py_INCREF(a[held[i]]);
+    result = bias_fast(RELATIVE_POSITION_BIAS, a, 7, 7, "Tiibiii");
+    for (int i = 0; i < 4; ++i) Py_DECREF(a[held[i]]);
+  } else if (!PyErr_Occurred()) {
+    result = Py_NewRef(Py_None);
+  }
+  Py_DECREF(embedding_dict);
+  return result;
+}
+
+/* ALiBi.forward(query_length, key_length, query_offset=0, dtype=None): alibi_bias with the module's
+ * slopes buffer, dtype by default its output_dtype, both held for the call. */
+static PyObject* alibi_fast_call(PyObject* dict, PyObject* const* args) {
+  PyObject* slopes = module_member(dict, s_buffers, s_slopes);
+  PyObject* dtype = slopes == NULL ? NULL : args[3] != Py_None ? args[3] : PyDict_GetItemWithError(dict, s_output_dtype);
+  if (dtype == NULL) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+  PyObject* a[5] = {Py_NewRef(slopes), args[0], args[1], args[2], Py_NewRef(dtype)};
+  PyObject* result = bias_fast(ALIBI_BIAS, a, 5, 5, "Tiiid");
+  Py_DECREF(a[0]);
+  Py_DECREF(a[4]);
+  return result;
+}
+
 static PyMethodDef module_call_def = {"__call__", (PyCFunction)(void (*)(void))module_call,
                                       METH_FASTCALL | METH_KEYWORDS, "nn.Module.__call__, without its Python frames"};
 
@@ -524,7 +583,8 @@ static PyObject* make_module_call(PyObject* module, PyObject* cls) {
   PyErr_Clear();
   if (name == NULL || kind == N_MODULE_KINDS || fp.nn_module == NULL) {
     PyErr_SetString(PyExc_TypeError,
-                    "posenc_native._direct.module_call takes RotaryEmbedding or SinusoidalPositionalEncoding, after bind()");
+                    "posenc_native._direct.module_call takes RotaryEmbedding, SinusoidalPositionalEncoding, "
+                    "T5RelativePositionBias or ALiBi, after bind()");
     return NULL;
   }
   PyObject* forward = PyObject_GetAttr(cls, s_forward);
@@ -616,7 +676,7 @@ static int take(PyObject* dict, const char* key, PyObject** slot) {
 
 /* bind(library_path, objects: dict) -> bool: whether the kernels run through the direct entry
  * (else through the redispatch). objects: tensor, config, intercepting (a tuple of callables),
- * inference_mode, grad_enabled, dtypes, increment_version, cpu_keys, general (ops._rope), empty_k, nn_module, nn_module_globals,
+ * inference_mode, grad_enabled, dtypes, increment_version, cpu_keys, general (ops._rope), empty_k, nn_module, nn_module_globals, embedding,
  * forward_ad_globals, and each op's
  * redispatch under its name. */
 static PyObject* bind(PyObject* module, PyObject* args) {
@@ -631,6 +691,7 @@ static PyObject* bind(PyObject* module, PyObject* args) {
       !take(objects, "cpu_keys", &fp.cpu_keys) || !take(objects, "general", &fp.general) ||
       !take(objects, "empty_k", &fp.empty_k) ||
       !take(objects, "nn_module", &fp.nn_module) || !take(objects, "nn_module_globals", &fp.nn_module_globals) ||
+      !take(objects, "embedding", &fp.embedding_type) ||
       !take(objects, "forward_ad_globals", &fp.forward_ad_globals) ||
       !take(objects, "intercepting", &intercepting))
     return NULL;
@@ -678,17 +739,22 @@ static PyMethodDef methods[] = {
      "relative_position_bias's fast path"},
     {"alibi_bias", (PyCFunction)(void (*)(void))alibi_bias, METH_FASTCALL, "alibi_bias's fast path"},
     {"taken", taken, METH_NOARGS, "kernel runs on the fast path, per op"},
-    {"module_call", make_module_call, METH_O, "module_call(cls) -> its __call__ (RotaryEmbedding, SinusoidalPositionalEncoding)"},
+    {"module_call", make_module_call, METH_O,
+     "module_call(cls) -> its __call__ (RotaryEmbedding, SinusoidalPositionalEncoding, T5RelativePositionBias, ALiBi)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_direct", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__direct(void) {
   const char* names[] = {"requires_grad", "_version", "is_cpu", "_frequencies", "cpu_plain", "shape", "__call__",
-                         "_compiled_call_impl", "config", "layout", "is_neg", "_current_level", "forward", "d_model"};
+                         "_compiled_call_impl", "config", "layout", "is_neg", "_current_level", "forward", "d_model",
+                         "_modules", "_parameters", "_buffers", "relative_attention_bias", "weight", "bidirectional",
+                         "num_buckets", "max_distance", "slopes", "output_dtype"};
   PyObject** slots[] = {&s_requires_grad, &s_version, &s_is_cpu, &s_frequencies, &s_cpu_plain, &s_shape, &s_call,
-                        &s_compiled_call, &s_config, &s_layout, &s_is_neg, &s_current_level, &s_forward, &s_d_model};
-  for (int i = 0; i < 14; ++i)
+                        &s_compiled_call, &s_config, &s_layout, &s_is_neg, &s_current_level, &s_forward, &s_d_model,
+                        &s_modules, &s_parameters, &s_buffers, &s_relative_attention_bias, &s_weight, &s_bidirectional,
+                        &s_num_buckets, &s_max_distance, &s_slopes, &s_output_dtype};
+  for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); ++i)
     if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
   if ((c_zero = PyFloat_FromDouble(0.0)) == NULL || (c_one = PyFloat_FromDouble(1.0)) == NULL ||
       (c_base = PyFloat_FromDouble(10000.0)) == NULL || (c_offset = PyLong_FromLong(0)) == NULL)

@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from . import bias as _bias
+from . import bias as _bias, ops as _ops
 from ._derived_buffers import DerivedBuffers
 
 __all__ = ["T5RelativePositionBias", "ALiBi"]
@@ -99,3 +99,6 @@ class ALiBi(DerivedBuffers):
                                ".half() or C++ module.to(kHalf)): cast the Python module before torch.jit.script, "
                                "which keeps the slopes exact and gives biases of the cast dtype")
         return torch.ops.posenc.alibi_bias(self.slopes, query_length, key_length, query_offset, dtype)
+
+
+_ops.use_module_call(T5RelativePositionBias, ALiBi)  # nn.Module.__call__ without its Python frames

@@ -177,16 +177,7 @@ class RotaryEmbedding(_ScriptFrequencies):
         return q_out, k_out
 
 
-if ops._FAST is not None:
-    # nn.Module.__call__ without its two Python frames (csrc/python/direct.c, module_call): a plain
-    # module of these classes with no hooks runs forward's fast path; every other call goes to
-    # nn.Module.__call__. torch.compile traces nn.Module.__call__ itself in its place.
-    def _traced_call(self, *args, **kwargs):
-        return nn.Module.__call__(self, *args, **kwargs)
-
-    for _cls in (RotaryEmbedding, SinusoidalPositionalEncoding):
-        _cls.__call__ = ops._FAST.module_call(_cls)
-        torch.compiler.substitute_in_graph(_cls.__call__, skip_signature_check=True)(_traced_call)
+ops.use_module_call(RotaryEmbedding, SinusoidalPositionalEncoding)  # nn.Module.__call__ without its Python frames
 
 
 def _fused_cos_sin_ok(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:

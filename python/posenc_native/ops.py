@@ -322,7 +322,7 @@ try:
                                         torch._C._get_tracing_state),  # None, or the jit tracer's state (it records ops)
         "inference_mode": torch.is_inference_mode_enabled, "grad_enabled": torch.is_grad_enabled,
         "increment_version": torch._C._increment_version,
-        "nn_module": torch.nn.Module, "nn_module_globals": vars(torch.nn.modules.module),
+        "nn_module": torch.nn.Module, "nn_module_globals": vars(torch.nn.modules.module), "embedding": torch.nn.Embedding,
         "forward_ad_globals": vars(torch.autograd.forward_ad),  # _current_level >= 0: a dual level is active
         "cpu_keys": torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), "general": lambda *args: _rope(*args),  # (defined below)
         "empty_k": _empty_k_reused,
@@ -332,6 +332,22 @@ try:
 except AttributeError:  # a torch without one of these: no fast path, same results
     _FAST_PATH_OBJECTS = None
 _FAST = _library.load_fast_path(_FAST_PATH_OBJECTS) if _FAST_PATH_OBJECTS else None
+
+
+def use_module_call(*classes: type) -> None:
+    """Makes each class's ``__call__`` the extension's module_call (csrc/python/direct.c):
+    nn.Module.__call__ without its two Python frames, where a plain module of the class with no
+    hooks runs forward's fast path; every other call goes to nn.Module.__call__, which torch.compile
+    traces in its place."""
+    if _FAST is None:
+        return
+    for cls in classes:
+        cls.__call__ = _FAST.module_call(cls)
+        torch.compiler.substitute_in_graph(cls.__call__, skip_signature_check=True)(_traced_module_call)
+
+
+def _traced_module_call(self, *args, **kwargs):
+    return torch.nn.Module.__call__(self, *args, **kwargs)
 
 
 def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, interleaved, layout, offset,

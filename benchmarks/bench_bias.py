@@ -117,16 +117,24 @@ def decode_rows(s: Settings, H: int, L: int, dtype: torch.dtype) -> list[Row]:
     shifted = bloom_fn().view(1, H, 1, L).float() - slopes.view(1, H, 1, 1) * (L - 1)
     check("decode alibi_bias vs BLOOM + per-head shift", alibi_fn().float(), shifted,
           1e-6 if dtype == torch.float32 else 1e-2)
+    # the modules, as a model calls them (T5's sharing the attention's weight; ALiBi cast to dtype)
+    t5_module, alibi_module = pn.T5RelativePositionBias.from_t5(attn), pn.ALiBi(H).to(dtype)
+    t5_module_fn = lambda: t5_module(1, L, L - 1)  # noqa: E731
+    alibi_module_fn = lambda: alibi_module(1, L, L - 1)  # noqa: E731
+    if not (torch.equal(t5_module_fn(), t5_fn()) and torch.equal(alibi_module_fn(), alibi_fn())):
+        raise SystemExit("bench_bias: a bias module's decode row differs from its function's")
     calls = 50
-    t5, hf, alibi, bloom, floor = bench_together(
-        [_repeated(f, calls) for f in (t5_fn, hf_fn, alibi_fn, bloom_fn,
+    t5, hf, alibi, bloom, t5_mod, alibi_mod, floor = bench_together(
+        [_repeated(f, calls) for f in (t5_fn, hf_fn, alibi_fn, bloom_fn, t5_module_fn, alibi_module_fn,
                                        lambda: torch.empty(1, H, 1, L, dtype=dtype).fill_(0.5))], s)
     dt = str(dtype).replace("torch.", "")
     t5_name, alibi_name = f"decode relative_position_bias H={H} 1x{L} {dt}", f"decode alibi_bias H={H} 1x{L} {dt}"
     return [Row(t5_name, t5 / calls, "transformers compute_bias", hf / calls),
             Row(t5_name, t5 / calls, "torch.empty + fill_", floor / calls),
+            Row(f"decode T5RelativePositionBias H={H} 1x{L} {dt}", t5_mod / calls, "torch.empty + fill_", floor / calls),
             Row(alibi_name, alibi / calls, "BLOOM build_alibi_tensor", bloom / calls),
-            Row(alibi_name, alibi / calls, "torch.empty + fill_", floor / calls)]
+            Row(alibi_name, alibi / calls, "torch.empty + fill_", floor / calls),
+            Row(f"decode ALiBi module H={H} 1x{L} {dt}", alibi_mod / calls, "torch.empty + fill_", floor / calls)]
 
 
 def main(argv: Optional[list[str]] = None) -> int:

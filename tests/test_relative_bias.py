@@ -740,6 +740,7 @@ def test_bench_bias_quick_runs():
         assert name in out, out
     for dtype in ("float32", "bfloat16", "float16"):  # every dtype, each row after its check against transformers
         for name in (f"relative_position_bias H=4 L=256 {dtype} backward", f"alibi_bias H=4 L=256 {dtype} backward",
-                     f"decode relative_position_bias H=4 1x256 {dtype}", f"decode alibi_bias H=4 1x256 {dtype}"):
+                     f"decode relative_position_bias H=4 1x256 {dtype}", f"decode alibi_bias H=4 1x256 {dtype}",
+                     f"decode T5RelativePositionBias H=4 1x256 {dtype}", f"decode ALiBi module H=4 1x256 {dtype}"):
             assert name in out, out
     assert "goals met" in out

@@ -328,14 +328,18 @@ def test_alibi_rounds_the_float64_product_once(device):
     float64 slopes, the bias is the float64 product rounded once to the output (then to a half type
     through float32), not a product of a rounded distance or a rounded slope."""
     g = torch.Generator().manual_seed(11)
-    for slopes in (torch.rand(6, generator=g) * 2 - 1, torch.rand(6, generator=g, dtype=torch.float64) * 2 - 1):
+    tiny = torch.tensor([1e-39, -3e-41, 1.2e-38, -1e-45, 2.0 ** -126, 0.0])  # subnormal, the least normal, zero
+    for slopes in (torch.rand(6, generator=g) * 2 - 1, torch.rand(6, generator=g, dtype=torch.float64) * 2 - 1, tiny):
         slopes = slopes.to(device)
-        for off in (2**24 + 3, 2**29 - 7, 12345):
-            want = reference.alibi_bias(slopes, 7, 11, query_offset=off)
-            assert torch.equal(pn.alibi_bias(slopes, 7, 11, query_offset=off, dtype=torch.float32), want.float())
-            assert torch.equal(pn.alibi_bias(slopes, 7, 11, query_offset=off, dtype=torch.bfloat16),
-                               want.float().bfloat16())
-            assert torch.equal(pn.alibi_bias(slopes, 7, 11, query_offset=off, dtype=torch.float64), want)
+        # (the CPU forms rows of distances below 2^24 in float32: rows on both sides of 2^24, and across it,
+        # over several of its 256-distance chunks)
+        for lq, lk, off in ((7, 11, 2**24 + 3), (7, 11, 2**29 - 7), (7, 11, 12345), (2, 600, -(2**24) + 300),
+                            (2, 600, 2**24 - 700), (1, 600, -(2**24) - 300)):
+            want = reference.alibi_bias(slopes, lq, lk, query_offset=off)
+            assert torch.equal(pn.alibi_bias(slopes, lq, lk, query_offset=off, dtype=torch.float32), want.float())
+            for half in (torch.bfloat16, torch.float16):
+                assert torch.equal(pn.alibi_bias(slopes, lq, lk, query_offset=off, dtype=half), want.float().to(half))
+            assert torch.equal(pn.alibi_bias(slopes, lq, lk, query_offset=off, dtype=torch.float64), want)
 
 
 def test_alibi_under_causal_softmax_equals_bloom_and_mpt():

@@ -5,6 +5,8 @@
 // along diagonals in fixed row blocks (the same sums for any thread count), then per bucket.
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <vector>
 
 #include "cpu/isa.h"
@@ -53,7 +55,7 @@ struct BucketRuns {
 // run along rows (writing a column, every head of one t, straight to H rows far apart, often a power
 // of two apart, thrashes the cache sets): T5 a fill per run of one bucket, ALiBi a product per element.
 // narrow: the path's kernel (isa.h, EncodingRowFn without x) that rounds an ALiBi row formed in float32
-// to fp16 (F16C), with the bits of from_math (the compiled rounding took 3x the float32 row's time).
+// to bf16 or fp16 (F16C), with the bits of from_math (the compiled rounding took 3x the float32 row's time).
 template <typename T>
 POSENC_CPU_CLONES void table_range(const RelativeBiasProblem& p, T* dst, int64_t dst_stride_h, int64_t begin,
                                    int64_t end, EncodingRowFn narrow) {
@@ -69,16 +71,30 @@ POSENC_CPU_CLONES void table_range(const RelativeBiasProblem& p, T* dst, int64_t
       }
     } else {
       const double d0 = static_cast<double>(p.relative(t0));  // + k exactly: |r| < 2^53
+      // Distances below 2^24 are float32 values: the float32 product of such a distance and a float32
+      // slope is the float64 product (exact) rounded once, alibi_value's bits, in twice the lanes.
+      // Normal slopes only: their products are normal, so no FTZ/DAZ setting can change them.
+      const bool short_distances = std::abs(d0) < 0x1p24 && std::abs(d0 + static_cast<double>(n - 1)) < 0x1p24;
       for (int64_t h = 0; h < p.heads; ++h) {
         T* row = dst + h * dst_stride_h + t0;
+        const float slope = static_cast<float>(p.slopes[h]);
+        const bool in_float = short_distances && static_cast<double>(slope) == p.slopes[h] &&
+                              (slope == 0.0f || std::abs(slope) >= std::numeric_limits<float>::min());
         int32_t done = 0;
-        if constexpr (kRowDtype<T> == kRowHalf) {
-          if (narrow != nullptr) {
-            float formed[BucketRuns::kChunk];
-            for (int32_t k = 0; k < static_cast<int32_t>(n); ++k) {
-              formed[k] = alibi_value<float>(p, d0 + static_cast<double>(k), h);
+        if constexpr (kRowDtype<T> >= 0) {  // float32 rows, and bf16 or fp16 ones formed in float32 and narrowed
+          if (kRowDtype<T> == kRowFloat || narrow != nullptr) {
+            float buffer[BucketRuns::kChunk];
+            float* formed = kRowDtype<T> == kRowFloat ? reinterpret_cast<float*>(row) : buffer;
+            if (in_float) {
+              const float f0 = static_cast<float>(d0);
+              for (int32_t k = 0; k < static_cast<int32_t>(n); ++k) formed[k] = slope * (f0 + static_cast<float>(k));
+            } else {
+              for (int32_t k = 0; k < static_cast<int32_t>(n); ++k) {
+                formed[k] = alibi_value<float>(p, d0 + static_cast<double>(k), h);
+              }
             }
-            done = static_cast<int32_t>(narrow(row, nullptr, 1.0f, formed, n));
+            done = kRowDtype<T> == kRowFloat ? static_cast<int32_t>(n)
+                                             : static_cast<int32_t>(narrow(row, nullptr, 1.0f, formed, n));
           }
         }
         for (int32_t k = done; k < static_cast<int32_t>(n); ++k) row[k] = alibi_value<T>(p, d0 + static_cast<double>(k), h);
@@ -90,8 +106,10 @@ POSENC_CPU_CLONES void table_range(const RelativeBiasProblem& p, T* dst, int64_t
 template <typename T>
 void build_table(const RelativeBiasProblem& p, T* dst, int64_t dst_stride_h) {
   EncodingRowFn narrow = nullptr;
-  if constexpr (kRowDtype<T> == kRowHalf) {  // (bf16's compiled rounding is as fast; AVX512-BF16's flushes subnormals)
-    if (const RowKernels* k = p.kind == BiasKind::Alibi ? row_kernels(cpu_isa(), false, false, false) : nullptr) {
+  if constexpr (kRowDtype<T> == kRowHalf || kRowDtype<T> == kRowBFloat16) {
+    // (AVX512-BF16's conversion flushes subnormal values: AVX-512's integer rounding, from_math's bits)
+    const Isa isa = std::min(cpu_isa(), Isa::Avx512);
+    if (const RowKernels* k = p.kind == BiasKind::Alibi ? row_kernels(isa, false, false, false) : nullptr) {
       narrow = k->encoding[kRowDtype<T>];
     }
   }

@@ -95,6 +95,31 @@ def test_apply_rotary_emb_broadcast_fallback_and_grad():
     assert c.grad is not None and float(c.grad.abs().sum()) > 0
 
 
+@pytest.mark.parametrize("x_shape,table_rows", [((2, 2, 6, 32), 2), ((3, 2, 6, 32), 2), ((2, 3, 6, 32), 1),
+                                                  ((3, 6, 32), 3), ((3, 6, 32), 1), ((1, 4, 6, 32), 4)])
+def test_apply_rotary_emb_three_dim_tables_broadcast_as_the_formula(x_shape, table_rows):
+    """A [N,S,D] table broadcasts against x's dim -3: the heads of a 4-D x (per-head tables, which
+    the fused op does not take), the batch of a 3-D one; the result is the formula's either way."""
+    rope = RoPEPositionalEncoding(32)
+    emb = rope(6 + table_rows)
+    rows = torch.stack([emb[r:r + 6] for r in range(table_rows)])  # a different position offset per row
+    cos, sin = rows.cos(), rows.sin()
+    x = _randn(*x_shape)
+    out = rope.apply_rotary_emb(x, cos, sin)
+    assert out.shape == x.shape
+    assert _rel(out, _seed_apply(x.double(), cos.double(), sin.double())) <= 1e-6
+
+
+def test_apply_rotary_emb_refuses_tables_the_formula_cannot_broadcast():
+    rope = RoPEPositionalEncoding(32)
+    rows = torch.stack([rope(8)[r:r + 6] for r in range(2)])
+    x = _randn(2, 3, 6, 32)  # [B=2, H=3, S, D] against [2, S, D]: the table's 2 rows meet 3 heads
+    with pytest.raises(RuntimeError, match="size of tensor"):
+        _seed_apply(x, rows.cos(), rows.sin())
+    with pytest.raises(RuntimeError, match="size of tensor"):
+        rope.apply_rotary_emb(x, rows.cos(), rows.sin())
+
+
 def test_rope_rotate_fused_matches_reference():
     rope = RoPEPositionalEncoding(64, base=500000)
     q, k = _randn(2, 4, 12, 64), _randn(2, 2, 12, 64)

@@ -181,10 +181,11 @@ ops.use_module_call(RotaryEmbedding, SinusoidalPositionalEncoding)  # nn.Module.
 
 
 def _fused_cos_sin_ok(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
-    """Whether ``x * cos + rotate_half(x) * sin`` can run as the fused op: x ``[B,H,S,D]`` (or
-    ``[B,S,D]``) with cos/sin ``[S,D]`` or ``[B or 1,S,D]`` on the same device, and no gradient
-    wanted for cos/sin, nor a tangent on them (the op differentiates q and k only). Anything else takes
-    the plain formula."""
+    """Whether ``x * cos + rotate_half(x) * sin`` can run as the fused op: x ``[B,H,S,D]`` with cos/sin
+    ``[S,D]`` or ``[1,S,D]``, or x ``[B,S,D]`` with cos/sin ``[S,D]`` or ``[B or 1,S,D]``, on the same
+    device, and no gradient wanted for cos/sin, nor a tangent on them (the op differentiates q and k
+    only). Anything else takes the plain formula (a ``[H,S,D]`` table broadcasts over x's heads: per-head
+    tables, which the op does not take)."""
     if tracing():  # torch.jit.trace: decided on this trace's shapes as ints (the same at other lengths)
         with untraced():
             return _fused_cos_sin_ok(x, cos, sin)
@@ -201,7 +202,8 @@ def _fused_cos_sin_ok(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
     d, s = x.shape[-1], x.shape[-2]
     if d % 2 or cos.shape[-1] != d or cos.shape[-2] != s:
         return False
-    if cos.dim() == 3 and cos.shape[0] not in (1, x.shape[0]):
+    # broadcasting aligns a 3-D table's first dim with x's dim -3: the heads of a 4-D x, the batch of a 3-D one
+    if cos.dim() == 3 and cos.shape[0] != 1 and (x.dim() == 4 or cos.shape[0] != x.shape[0]):
         return False
     # the op computes in x's dtype; keep the formula's type promotion when cos/sin are wider
     return torch.promote_types(x.dtype, cos.dtype) == x.dtype and torch.promote_types(x.dtype, sin.dtype) == x.dtype
@@ -226,8 +228,8 @@ class _SeedRotary(_ScriptFrequencies):
 
 def _apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """``x * cos + rotate_half(x) * sin`` with broadcasting, as in the seed (x ``[..., seq, dim]``,
-    cos/sin ``[seq, dim]``). Runs as one fused kernel when the shapes allow (x ``[B,H,S,D]`` or
-    ``[B,S,D]``, cos/sin ``[S,D]`` or ``[B,S,D]``), else (and in TorchScript) as the plain formula."""
+    cos/sin ``[seq, dim]``). Runs as one fused kernel when the shapes allow (``_fused_cos_sin_ok``),
+    else (and in TorchScript) as the plain formula."""
     if not torch.jit.is_scripting():
         proxy = _fx.proxy_in(x, cos, sin)
         if proxy is not None:  # the choice needs real shapes

@@ -419,6 +419,29 @@ def test_alibi_module_slopes_stay_exact_through_every_move(move):
     assert torch.equal(torch.jit.script(m)(lq, lk, offset), out)
 
 
+@pytest.mark.parametrize("moves,dtype", [
+    (("half", "cpu"), torch.float16), (("bfloat16", "to cpu"), torch.bfloat16), (("double", "share_memory"), torch.float64),
+    (("half", "float"), torch.float32), (("half", "to float32"), torch.float32), (("bfloat16", "to_empty"), torch.bfloat16),
+    (("cpu",), torch.float32), (("half", "half", "cpu", "cpu"), torch.float16)])
+def test_alibi_module_output_dtype_is_the_last_cast_through_later_moves(moves, dtype):
+    """A device move (or share_memory, to_empty) after a cast keeps the dtype the cast asked for, as
+    the rest of a cast model keeps it; a later cast to float32 (the slopes' own dtype) is still a cast."""
+    apply = {"half": lambda m: m.half(), "bfloat16": lambda m: m.bfloat16(), "double": lambda m: m.double(),
+             "float": lambda m: m.float(), "to float32": lambda m: m.to(torch.float32), "cpu": lambda m: m.cpu(),
+             "to cpu": lambda m: m.to("cpu"), "share_memory": lambda m: m.share_memory(),
+             "to_empty": lambda m: m.to_empty(device="cpu")}
+    model = torch.nn.Sequential(pn.ALiBi(6), torch.nn.Linear(2, 2))
+    for move in moves:
+        model = apply[move](model)
+    m = model[0]
+    assert m.output_dtype == dtype and model[1].weight.dtype == dtype
+    assert m.slopes.dtype == torch.float32 and list(dict(m.named_buffers())) == ["slopes"]
+    out = m(3, 40, 5)
+    exact = reference.alibi_bias(reference.alibi_slopes(6).float().double(), 3, 40, query_offset=5)
+    assert out.dtype == dtype
+    assert torch.equal(out, exact if dtype == torch.float64 else exact.float().to(dtype))
+
+
 # ------------------------------------------------------------------------------------------------
 # FlexAttention score mods
 

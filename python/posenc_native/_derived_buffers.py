@@ -8,8 +8,12 @@ the arguments after every ``_apply``, in its own dtype, on the device the move p
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
+
+_CAST_PROBE = "_posenc_cast_probe"  # (a buffer only while _apply runs)
 
 
 class DerivedBuffers(nn.Module):
@@ -34,12 +38,23 @@ class DerivedBuffers(nn.Module):
             self.register_buffer(name, value.to(device), persistent=False)
         self._derived_buffer_names = tuple(values)
 
-    def _moved(self, dtypes: dict[str, torch.dtype]) -> None:
-        """Told, before the rebuild, the dtype each buffer was just given (what a cast asked for)."""
+    def _moved(self, cast: Optional[torch.dtype]) -> None:
+        """Told, before the rebuild, the floating dtype a move cast to (``.half()``, ``.to(dtype)``),
+        or None for a move that kept dtypes (``.cpu()``, ``.share_memory()``, ``to_empty()``)."""
 
     def _apply(self, fn, recurse=True):
-        super()._apply(fn, recurse)
-        self._moved({name: getattr(self, name).dtype for name in self._derived_buffer_names})
+        # What fn does to floating dtypes: a probe of another dtype rides along with the first buffer
+        # (rebuilt in its own dtype after each move, so its dtype alone cannot tell `.float()` from `.cpu()`);
+        # a cast gives both one dtype, any other move leaves them apart.
+        first = getattr(self, self._derived_buffer_names[0])
+        probe_dtype = torch.float64 if first.dtype != torch.float64 else torch.float32
+        self._buffers[_CAST_PROBE] = torch.empty(0, dtype=probe_dtype, device=first.device)
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            probe = self._buffers.pop(_CAST_PROBE, None)
+        after = getattr(self, self._derived_buffer_names[0]).dtype
+        self._moved(after if probe is not None and probe.dtype == after else None)
         self._rebuild_derived_buffers()
         return self
 

@@ -82,8 +82,9 @@ class ALiBi(DerivedBuffers):
     def _derived_buffers(self) -> dict[str, torch.Tensor]:
         return {"slopes": _bias.alibi_slopes(self.num_heads)}
 
-    def _moved(self, dtypes: dict[str, torch.dtype]) -> None:
-        self.output_dtype = dtypes["slopes"]
+    def _moved(self, cast: Optional[torch.dtype]) -> None:
+        if cast is not None:  # (a move alone keeps the dtype an earlier cast asked for)
+            self.output_dtype = cast
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}" + ("" if self.output_dtype == torch.float32 else f", output_dtype={self.output_dtype}")

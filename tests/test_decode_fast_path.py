@@ -1347,3 +1347,112 @@ def test_fast_path_takes_tensors_that_require_grad_where_nothing_is_recorded():
     torch.testing.assert_close(got_q.double(), want_q, atol=2e-6, rtol=0)
     torch.testing.assert_close(got_k.double(), want_k, atol=2e-6, rtol=0)
     assert torch.equal(got_tq, want_tq) and torch.equal(got_tk, want_tk)
+
+
+def _both_paths(monkeypatch, call):
+    """call() on the fast path and on the general one (ops._FAST None, the modules' __call__
+    nn.Module's): (result or the exception's type and text) of each, and the fast path's kernel runs."""
+    got = []
+    calls = _watch_fast_path()
+    for fast in (ops._FAST, None):
+        monkeypatch.setattr(ops, "_FAST", fast)
+        if fast is None:
+            for cls in (pn.RotaryEmbedding, pn.SinusoidalPositionalEncoding, pn.T5RelativePositionBias, pn.ALiBi):
+                monkeypatch.setattr(cls, "__call__", torch.nn.Module.__call__)
+        try:
+            got.append(call())
+        except Exception as e:  # noqa: BLE001 (compared below)
+            got.append((type(e), str(e).split("\n")[0]))
+        monkeypatch.undo()
+    return got, calls()
+
+
+def test_fast_path_leaves_non_strided_tensors_to_the_dispatcher(monkeypatch):
+    """An MKLDNN tensor is a plain torch.Tensor on the CPU with no strides: the fast path read it as
+    strided memory (wrong values, or a crash); the dispatcher refuses it, on both paths now."""
+    config = _config()
+    _warm(config)
+    q, k, pos = _decode_inputs()
+    x = torch.randn(1, 4, 16, generator=GEN)
+    weight, slopes = torch.randn(32, 4, generator=GEN), pn.alibi_slopes(4)
+    calls = [lambda: pn.apply_rope(q.to_mkldnn(), k, pos, config=config),
+             lambda: pn.apply_rope(q, k, pos, inv_freq=config.inv_freq().float().to_mkldnn()),
+             lambda: pn.apply_rotary_pos_emb(q.transpose(1, 2).to_mkldnn(), k.transpose(1, 2), torch.randn(3, 1, 64),
+                                             torch.randn(3, 1, 64)),
+             lambda: pn.add_sinusoidal(x.to_mkldnn(), offset=3),
+             lambda: pn.SinusoidalPositionalEncoding(16)(x.to_mkldnn(), 3),
+             lambda: pn.relative_position_bias(weight.to_mkldnn(), 2, 5),
+             lambda: pn.alibi_bias(slopes.to_mkldnn(), 2, 5)]
+    for call in calls:
+        (fast, general), runs = _both_paths(monkeypatch, call)
+        assert runs == {}
+        assert fast == general and fast[0] is NotImplementedError and "Mkldnn" in fast[1]
+
+
+def test_fast_path_leaves_zero_tensor_tables_of_the_biases_to_the_dispatcher(monkeypatch):
+    """A ZeroTensor weight or slopes (no data) crashed the biases' fast path; the dispatcher's
+    fallback materializes it: a bias of zeros on both paths."""
+    for call in (lambda: pn.relative_position_bias(torch._efficientzerotensor((32, 4)), 3, 5, query_offset=2),
+                 lambda: pn.alibi_bias(torch._efficientzerotensor((4,)), 3, 5, query_offset=2)):
+        (fast, general), runs = _both_paths(monkeypatch, call)
+        assert runs == {}
+        assert fast.shape == general.shape == (1, 4, 3, 5) and not fast.any() and not general.any()
+
+
+def test_negative_view_positions_are_read_as_their_values(monkeypatch):
+    """Integer positions that are a negative view (torch._neg_view) hold the negated storage: the
+    fast path declines them (it read the stored values); both paths rotate at the view's positions."""
+    config = _config()
+    _warm(config)
+    q, k, _ = _decode_inputs()
+    pos = torch._neg_view(-torch.randint(0, 100_000, (3, 1), generator=GEN))
+    want_q, want_k = reference.apply_rope(q.double(), k.double(), pos.clone(), config)
+    (fast, general), runs = _both_paths(monkeypatch, lambda: pn.apply_rope(q, k, pos, config=config))
+    assert runs == {}
+    for got_q, got_k in (fast, general):
+        torch.testing.assert_close(got_q.double(), want_q, rtol=0, atol=2e-6)
+        torch.testing.assert_close(got_k.double(), want_k, rtol=0, atol=2e-6)
+
+
+def test_a_layout_with_a_nul_is_refused_on_both_paths(monkeypatch):
+    config = _config()
+    _warm(config)
+    q, k, pos = _decode_inputs()
+    bad = "bshd\x00junk"
+    for call in (lambda: pn.apply_rope(q, k, pos, config=config, layout=bad),
+                 lambda: pn.apply_rope_(q.clone(), k.clone(), pos, config=config, layout=bad),
+                 lambda: pn.RotaryEmbedding(config, layout=bad)(q, k, pos)):
+        (fast, general), runs = _both_paths(monkeypatch, call)
+        assert runs == {}
+        assert fast == general and fast[0] is ValueError and "layout" in fast[1]
+
+
+def test_fx_tracing_records_the_bias_modules_calls():
+    """torch.fx's tracer patches nn.Module.__call__ to record module calls: the modules' C __call__
+    leaves every call to it then, so a traced graph reads the module's table, not a constant made
+    while tracing (T5 traced through: its weight a get_attr node; ALiBi as a leaf: a call_module)."""
+
+    class Leaf(torch.fx.Tracer):
+        def is_leaf_module(self, m, name):
+            return isinstance(m, (pn.T5RelativePositionBias, pn.ALiBi)) or super().is_leaf_module(m, name)
+
+    class Scores(torch.nn.Module):
+        def __init__(self, bias):
+            super().__init__()
+            self.b = bias
+
+        def forward(self, s):
+            return s + self.b(3, 5)
+
+    for bias, tracer in ((pn.T5RelativePositionBias(4), torch.fx.Tracer()), (pn.T5RelativePositionBias(4), Leaf()),
+                         (pn.ALiBi(4), Leaf())):
+        model = Scores(bias)
+        with torch.no_grad():
+            calls = _watch_fast_path()
+            gm = torch.fx.GraphModule(model, tracer.trace(model))
+            assert calls() == {}
+            assert not any(n.op == "get_attr" and n.target.startswith("_tensor_constant") for n in gm.graph.nodes)
+            s = torch.randn(1, 4, 3, 5, generator=GEN)
+            if isinstance(bias, pn.T5RelativePositionBias):
+                bias.relative_attention_bias.weight.copy_(torch.randn(32, 4, generator=GEN))
+            torch.testing.assert_close(gm(s), model(s), rtol=0, atol=0)

@@ -85,6 +85,7 @@ Tensor relative_position_bias_op(const RelativeBiasArgs& a, const Backend& backe
               ", heads] (T5's relative_attention_bias.weight), got shape ", sizes_of(weight));
   POSENC_CHECK(is_float_dtype(dtype_of(weight)), op, ": weight must be float32, float16, bfloat16 or float64, got ",
               dtype_of(weight));
+  check_has_data(op, weight, "weight");
   check_lengths(op, query_length, key_length, query_offset);
   RelativeBiasProblem p;
   p.kind = BiasKind::T5;
@@ -139,6 +140,7 @@ Tensor alibi_bias_op(const AlibiArgs& a, const Backend& backend) {
   POSENC_CHECK(slopes.dim() == 1, op, ": slopes must be 1-D [heads], got shape ", sizes_of(slopes));
   POSENC_CHECK(is_float_dtype(dtype_of(slopes)), op, ": slopes must be float32, float16, bfloat16 or float64, got ",
               dtype_of(slopes));
+  check_has_data(op, slopes, "slopes");
   const ScalarType out_dtype = a.dtype.value_or(dtype_of(slopes));
   POSENC_CHECK(is_float_dtype(out_dtype), op, ": dtype must be float32, float16, bfloat16 or float64, got ", out_dtype);
   check_lengths(op, query_length, key_length, query_offset);

@@ -32,7 +32,13 @@ T get(const PosencArg& a) {
     AtenTensorHandle h = nullptr;
     if (a.tag != POSENC_ARG_TENSOR || torch_tensor_from_pyobject(a.v.tensor, &h) != AOTI_TORCH_SUCCESS) throw Declined{};
     Tensor t(h);
-    if (!t.device().is_cpu()) throw Declined{};  // the CPU backend's kernel; anything else goes to the dispatcher
+    // the CPU backend's strided kernel; anything else (another device, an MKLDNN or sparse tensor, which
+    // the dispatcher refuses) goes to the dispatcher
+    int32_t layout = -1;
+    if (!t.device().is_cpu() || aoti_torch_get_layout(h, &layout) != AOTI_TORCH_SUCCESS ||
+        layout != aoti_torch_layout_strided()) {
+      throw Declined{};
+    }
     return t;
   } else if constexpr (std::is_same_v<T, OptTensor>) {
     return a.tag == POSENC_ARG_NONE ? OptTensor() : OptTensor(get<Tensor>(a));

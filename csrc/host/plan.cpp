@@ -109,13 +109,6 @@ IndexKind index_kind(const Tensor& t) {
   }
 }
 
-// A tensor without data (a ZeroTensor, torch._efficientzerotensor) reaches a kernel only past the
-// dispatcher's fallback (the Python fast path, a redispatch): refused before any read or write.
-void check_has_data(const char* op, const Tensor& t, const char* name) {
-  POSENC_CHECK(t.data_ptr() != nullptr || t.numel() == 0, op, ": ", name,
-               " has no data (a ZeroTensor?); materialize it (e.g. .clone()) first");
-}
-
 // The data of t, refused when it has none (data_ptr where the plan takes it anyway: no second call).
 void* data_of(const char* op, const Tensor& t, const char* name) {
   void* data = t.data_ptr();

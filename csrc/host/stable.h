@@ -138,6 +138,13 @@ inline int32_t dtype_code(ScalarType t) {
   return -1;
 }
 
+// A tensor without data (a ZeroTensor, torch._efficientzerotensor) reaches a kernel only past the
+// dispatcher's fallback (the Python fast path, a redispatch): refused before any read or write.
+inline void check_has_data(const char* op, const Tensor& t, const char* name) {
+  POSENC_CHECK(t.data_ptr() != nullptr || t.numel() == 0, op, ": ", name,
+               " has no data (a ZeroTensor?); materialize it (e.g. .clone()) first");
+}
+
 // Refuses an output whose size in bytes int64 does not count (aten's allocator would say only
 // "Storage size calculation overflowed"): `shape` names its dimensions for the message, as
 // "[1, heads, query_length, key_length]".

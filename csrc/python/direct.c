@@ -16,6 +16,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
+#include <string.h>
 
 #include "direct_entry.h"
 
@@ -40,6 +41,8 @@ static struct {
   PyObject* general;                 /* ops._rope: the general path of a rope call */
   PyObject* empty_k;                 /* ops._empty_k(q, layout): the k of zero heads a q-only call passes the op */
   PyObject* nn_module;               /* torch.nn.Module, whose __call__ takes the calls module_call declines */
+  PyObject* nn_module_call;          /* nn.Module.__call__ at bind: another one (torch.fx's tracer patches it) sees every call */
+  PyObject* strided;                 /* torch.strided: the only layout the redispatch takes (the kernels' own checks) */
   PyObject* embedding_type;          /* torch.nn.Embedding: T5RelativePositionBias's table, exactly of this class */
   PyObject* nn_module_globals;       /* torch.nn.modules.module's namespace: its global hook dicts */
   PyObject* forward_ad_globals;      /* torch.autograd.forward_ad's namespace: _current_level */
@@ -161,8 +164,10 @@ static int to_arg(PyObject* o, PosencArg* a) {
   } else if (PyFloat_Check(o)) {
     a->tag = POSENC_ARG_FLOAT, a->v.f = PyFloat_AsDouble(o);
   } else if (PyUnicode_Check(o)) {
-    a->tag = POSENC_ARG_STR, a->v.s = PyUnicode_AsUTF8AndSize(o, NULL);
+    Py_ssize_t size = 0;
+    a->tag = POSENC_ARG_STR, a->v.s = PyUnicode_AsUTF8AndSize(o, &size);
     if (a->v.s == NULL) return PyErr_Clear(), 0;
+    if (strlen(a->v.s) != (size_t)size) return 0; /* an embedded NUL: the C string would end short of it */
   } else if (is_plain_tensor(o)) {
     a->tag = POSENC_ARG_TENSOR, a->v.tensor = o;
   } else {
@@ -223,20 +228,20 @@ static int last_dim_is(PyObject* t, int64_t n) {
 
 /* Runs op's CPU kernel on its schema arguments args[0..n) (q first). Returns its result (None for
  * an in-place op), or None with nothing written when the op refuses the arguments; NULL on an
- * error that is not the op's refusal. *ran says whether the kernel ran. Bit i of floating says
- * args[i] is a floating-point tensor that may be a negative view (positions are integers, and the
+ * error that is not the op's refusal. *ran says whether the kernel ran. Bit i of checked says
+ * args[i] is a tensor that may be a negative view, whose stored values the kernel would read (the
  * config's cached frequencies are the package's own): those are checked, and past q and k (checked
  * by nothing_intercepts) declined when autograd would record them (frequencies, cos/sin that require
  * grad under grad mode: the general path refuses them, rather than drop their gradient). */
 #define MAX_ARGS 12
-static PyObject* run(int op, PyObject* const* args, Py_ssize_t n, unsigned floating, int64_t q_last_dim, int* ran) {
+static PyObject* run(int op, PyObject* const* args, Py_ssize_t n, unsigned checked, int64_t q_last_dim, int* ran) {
   *ran = 0;
   /* Every argument of a kind the kernel takes, tensors plain (a subclass may intercept): on either way */
   PosencArg a[MAX_ARGS];
   if (n > MAX_ARGS) Py_RETURN_NONE;
   for (Py_ssize_t i = 0; i < n; ++i) {
     if (!to_arg(args[i], &a[i])) Py_RETURN_NONE;
-    if (floating & (1u << i) && a[i].tag == POSENC_ARG_TENSOR) {
+    if (checked & (1u << i) && a[i].tag == POSENC_ARG_TENSOR) {
       const int negative = is_negative_view(args[i]);
       if (negative != 0) return negative < 0 ? NULL : Py_NewRef(Py_None);
       const int wants_grad = i >= 2 ? grad_wanted(args[i]) : 0;
@@ -253,9 +258,18 @@ static PyObject* run(int op, PyObject* const* args, Py_ssize_t n, unsigned float
     for (int i = 0; i < got; ++i) Py_DECREF((PyObject*)out[i]);
     return result;
   }
-  /* The redispatch runs the CPU kernel whatever the tensors' device: only CPU tensors go there. */
+  /* The redispatch runs the CPU kernel whatever the tensors' device and layout: only CPU tensors go
+   * there, all of them strided (an MKLDNN or sparse one, which the dispatcher refuses, would be read as
+   * if it were). */
   int cpu = attr_true(args[0], s_is_cpu);
   if (cpu != 1) return cpu < 0 ? NULL : Py_NewRef(Py_None);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (a[i].tag != POSENC_ARG_TENSOR) continue;
+    PyObject* layout = PyObject_GetAttr(args[i], s_layout);
+    if (layout == NULL) return NULL;
+    Py_DECREF(layout); /* (identity only) */
+    if (layout != fp.strided) Py_RETURN_NONE;
+  }
   if (q_last_dim > 0) {
     int same = last_dim_is(args[0], q_last_dim);
     if (same != 1) return same < 0 ? NULL : Py_NewRef(Py_None);
@@ -334,11 +348,11 @@ static PyObject* rope_fast(PyObject* const* a) {
     PyObject* args[10] = {q, k_arg, positions, Py_None, freq, attention, pairing, layout, offset, Py_False};
     const int op = in_place ? ROPE_ : ROPE;
     int ran;
-    /* Negative views: inv_freq= (angles would change sign), and q and k of an out-of-place call (the
-     * output would be the negated result). In place the stored values rotate as they are: the
-     * rotation is linear, so the view reads R(-x) = -R(x), the correct result. */
-    const unsigned floating = (in_place ? 0u : 0x3u) | (config == Py_None ? 0x10u : 0u);
-    result = run(op, args, 10, floating, head_dim, &ran);
+    /* Negative views: positions and inv_freq= (angles would change sign), and q and k of an out-of-place
+     * call (the output would be the negated result). In place the stored values rotate as they are:
+     * the rotation is linear, so the view reads R(-x) = -R(x), the correct result. */
+    const unsigned checked = (in_place ? 0u : 0x3u) | 0x4u | (config == Py_None ? 0x10u : 0u);
+    result = run(op, args, 10, checked, head_dim, &ran);
     Py_XDECREF(one);
     if (ran) {
       fp.taken[op] += 1;
@@ -451,8 +465,8 @@ static int plain_module_call(PyObject* self, PyObject* forward, PyObject** dict)
 /* A module kind's __call__(self, *args, **kwargs): what nn.Module.__call__ does, without its two
  * Python frames (a fifth of a decode call): an instance of the class itself (not a subclass) with no
  * hooks runs its fast call on forward's arguments; every other call, and every call the fast call
- * declines, goes to nn.Module.__call__ (looked up per call, so whoever patches it, as torch.fx does,
- * still sees the call). */
+ * declines, goes to nn.Module.__call__, looked up per call: while it is not the one bind saw (torch.fx's
+ * tracer patches it to record module calls), every call goes to it. */
 static PyObject* module_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   int kind = 0;
   while (kind < N_MODULE_KINDS && (PyObject*)Py_TYPE(self) != module_kinds[kind].cls) ++kind;
@@ -474,7 +488,10 @@ static PyObject* module_call(PyObject* self, PyObject* const* args, Py_ssize_t n
     if (forward_args[j] == NULL) forward_args[j] = j == module_kinds[kind].offset_at ? c_offset : j > 0 ? Py_None : NULL;
     plain = forward_args[j] != NULL;
   }
-  if (plain) {
+  PyObject* call = PyObject_GetAttr(fp.nn_module, s_call);
+  if (call == NULL) return NULL;
+  /* (a patched one not seeing a call would leave a traced graph this call's result as a constant) */
+  if (plain && call == fp.nn_module_call) {
     int r = plain_module_call(self, module_kinds[kind].forward, &dict);
     if (r < 0) goto done;
     if (r == 1) {
@@ -482,10 +499,9 @@ static PyObject* module_call(PyObject* self, PyObject* const* args, Py_ssize_t n
       Py_CLEAR(result);
     }
   }
-  PyObject* call = PyObject_GetAttr(fp.nn_module, s_call);
-  if (call != NULL) result = call_with_keywords(call, self, args, nargs, kwnames);
-  Py_XDECREF(call);
+  result = call_with_keywords(call, self, args, nargs, kwnames);
 done:
+  Py_DECREF(call);
   Py_XDECREF(dict);
   return result;
 }
@@ -623,7 +639,7 @@ static PyObject* add_sinusoidal_fast(PyObject* const* a, int64_t x_last_dim) {
   int ok = nothing_intercepts(0, x, positions == Py_None ? x : positions);
   if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_None);
   int ran;
-  PyObject* result = run(ADD_SINUSOIDAL, a, 9, 0x3u /* x, float positions: negative views */, x_last_dim, &ran);
+  PyObject* result = run(ADD_SINUSOIDAL, a, 9, 0x3u /* x, positions: negative views */, x_last_dim, &ran);
   fp.taken[ADD_SINUSOIDAL] += ran;
   return result;
 }
@@ -676,9 +692,8 @@ static int take(PyObject* dict, const char* key, PyObject** slot) {
 
 /* bind(library_path, objects: dict) -> bool: whether the kernels run through the direct entry
  * (else through the redispatch). objects: tensor, config, intercepting (a tuple of callables),
- * inference_mode, grad_enabled, dtypes, increment_version, cpu_keys, general (ops._rope), empty_k, nn_module, nn_module_globals, embedding,
- * forward_ad_globals, and each op's
- * redispatch under its name. */
+ * inference_mode, grad_enabled, dtypes, increment_version, cpu_keys, general (ops._rope), empty_k, nn_module,
+ * strided, nn_module_globals, embedding, forward_ad_globals, and each op's redispatch under its name. */
 static PyObject* bind(PyObject* module, PyObject* args) {
   const char* path;
   PyObject* objects;
@@ -690,11 +705,14 @@ static PyObject* bind(PyObject* module, PyObject* args) {
       !take(objects, "grad_enabled", &fp.grad_enabled) || !take(objects, "dtypes", &fp.dtypes) ||
       !take(objects, "cpu_keys", &fp.cpu_keys) || !take(objects, "general", &fp.general) ||
       !take(objects, "empty_k", &fp.empty_k) ||
-      !take(objects, "nn_module", &fp.nn_module) || !take(objects, "nn_module_globals", &fp.nn_module_globals) ||
+      !take(objects, "nn_module", &fp.nn_module) || !take(objects, "strided", &fp.strided) ||
+      !take(objects, "nn_module_globals", &fp.nn_module_globals) ||
       !take(objects, "embedding", &fp.embedding_type) ||
       !take(objects, "forward_ad_globals", &fp.forward_ad_globals) ||
       !take(objects, "intercepting", &intercepting))
     return NULL;
+  Py_XDECREF(fp.nn_module_call);
+  if ((fp.nn_module_call = PyObject_GetAttr(fp.nn_module, s_call)) == NULL) return Py_XDECREF(intercepting), NULL;
   Py_ssize_t n = PyTuple_Check(intercepting) ? PyTuple_Size(intercepting) : -1;
   for (int i = 0; i < fp.n_intercepting; ++i) Py_CLEAR(fp.intercepting[i]);
   fp.n_intercepting = 0;

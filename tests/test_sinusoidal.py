@@ -515,3 +515,19 @@ def test_learnable_module(device):
         m(x, offset=35)
     with pytest.raises(ValueError, match=r"offset must be >= 0 \(a learned table has no rows before position 0\), got -3"):
         m(x, offset=-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_add_sinusoidal_x_scale_beyond_float32_is_a_clear_error(dtype):
+    """Rows of 32- and 16-bit x are computed in float32, where an x_scale past its range is infinite
+    (x * x_scale: NaN at x = 0, where the exact result is the encoding): refused before any write.
+    A float64 x computes in float64 and takes it."""
+    x = torch.randn(1, 4, 8, dtype=torch.float64) * 1e-40
+    for scale in (1e39, -3.5e38):
+        with pytest.raises(RuntimeError, match="x_scale must be within float32's range"):
+            pn.add_sinusoidal(x.to(dtype), x_scale=scale)
+    got = pn.add_sinusoidal(x, x_scale=1e39)
+    want = x * 1e39 + reference.sinusoidal_table(torch.arange(4), 8)
+    torch.testing.assert_close(got, want, rtol=1e-15, atol=1e-15)
+    edge = float(torch.finfo(torch.float32).max)  # the largest float32 is taken
+    assert torch.isfinite(pn.add_sinusoidal(torch.zeros(1, 4, 8, dtype=dtype), x_scale=edge)).all()

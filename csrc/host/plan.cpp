@@ -225,6 +225,11 @@ Tensor add_sinusoidal_op(const AddSinusoidalArgs& a, const Backend& backend) {
     positions = sinusoidal_positions(op, given);
   }
   POSENC_CHECK(std::isfinite(a.x_scale), op, ": x_scale must be finite, got ", a.x_scale);
+  // (rows of 32-bit and 16-bit x are computed in float32, where a larger x_scale is infinite: x * x_scale
+  // would be NaN or infinite where the exact result is finite)
+  POSENC_CHECK(dtype_of(x) == ScalarType::Double || std::abs(a.x_scale) <= std::numeric_limits<float>::max(), op,
+               ": x_scale must be within float32's range (|x_scale| <= ", std::numeric_limits<float>::max(),
+               ") for x of dtype ", dtype_of(x), ", whose rows are computed in float32; got ", a.x_scale);
   SinusoidalProblem p;
   p.params = sinusoidal_params(op, dim, a.base, a.interleaved, a.freq_shift, a.angle_scale, a.cos_first);
   check_sinusoidal_domain(op, positions, seq, a.offset, p.params);

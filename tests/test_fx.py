@@ -173,3 +173,41 @@ def test_rotary_embedding_traced_as_the_root():
     for got, truth in zip(traced(q, k, positions), reference.apply_rope(q.double(), k.double(), positions, YARN,
                                                                           layout="bhsd")):
         torch.testing.assert_close(got.double(), truth, rtol=0, atol=2e-5)
+
+
+class _BiasedScores(nn.Module):
+    """Attention scores plus a T5 and an ALiBi bias, their lengths read from the scores' shape."""
+
+    def __init__(self):
+        super().__init__()
+        self.t5 = pn.T5RelativePositionBias(HEADS, bidirectional=False)
+        self.alibi = pn.ALiBi(HEADS)
+
+    def forward(self, scores, past: int = 0):
+        lq, lk = scores.shape[2], scores.shape[3]
+        return scores + self.t5(lq, lk, past) + self.alibi(lq, lk, past) + pn.alibi_bias(self.alibi.slopes, lq, lk)
+
+
+def test_traced_biases_follow_their_tables_and_shapes():
+    """Traced with grad mode on (fx's default; the T5 weight requires grad), the biases are nodes
+    that run with the real tables: the traced module gives the eager bits and the float64 reference
+    at other lengths, after the weight changes, and passes the gradient to the weight."""
+    model = _BiasedScores()
+    gm = fx.symbolic_trace(model)
+    assert not any(n.op == "get_attr" and str(n.target).startswith("_tensor_constant") for n in gm.graph.nodes)
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        model.t5.relative_attention_bias.weight.copy_(torch.randn(32, HEADS, generator=gen))
+    for lq, lk, past in ((3, 5, 2), (1, 40, 39), (6, 6, 0)):
+        s = torch.randn(1, HEADS, lq, lk, generator=gen)
+        got = gm(s, past)
+        assert torch.equal(got, model(s, past))
+        weight = model.t5.relative_attention_bias.weight.detach().double()
+        slopes = reference.alibi_slopes(HEADS).float().double()
+        want = (s.double() + reference.relative_position_bias(weight, lq, lk, bidirectional=False, query_offset=past)
+                + reference.alibi_bias(slopes, lq, lk, query_offset=past) + reference.alibi_bias(slopes, lq, lk))
+        torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5)
+    model.zero_grad()
+    gm(torch.randn(1, HEADS, 2, 3, generator=gen)).sum().backward()
+    grad = model.t5.relative_attention_bias.weight.grad
+    assert grad is not None and grad.sum() == 6 * HEADS  # each (head, i, j) adds 1 to one bucket of its head

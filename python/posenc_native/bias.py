@@ -24,7 +24,7 @@ from ._forward_ad import linear_jvp
 from ._functorch import autograd_skipped, dispatch, register_autograd
 from ._library import load_library
 from ._op_args import bind, call, input_grads
-from . import ops as _ops
+from . import _fx, ops as _ops
 
 load_library()
 
@@ -90,12 +90,18 @@ def relative_position_bias(weight: torch.Tensor, query_length: int, key_length: 
     Differentiable with respect to ``weight`` (a deterministic kernel sums the gradient per bucket
     and head).
     """
-    nb = num_buckets if num_buckets is not None else (static_int(weight.shape[0]) if weight.dim() > 0 else 0)
+    nb = num_buckets if num_buckets is not None or not isinstance(weight, torch.Tensor) else (
+        static_int(weight.shape[0]) if weight.dim() > 0 else 0)
     if _ops._FAST is not None and not _ops._is_compiling():  # the decode fast path (ops.py): nothing to record
         out = _ops._FAST.relative_position_bias(weight, query_length, key_length, bidirectional, nb, max_distance,
                                                 query_offset)
         if out is not None:
             return out
+    proxy = _fx.proxy_in(weight, query_length, key_length, query_offset)
+    if proxy is not None:  # torch.fx symbolic tracing: one node, which runs with real values
+        return _fx.record_call(proxy, relative_position_bias, weight, query_length, key_length,
+                               bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance,
+                               query_offset=query_offset)
     with autograd_skipped(weight):
         return dispatch("relative_position_bias", weight, check_int("query_length", query_length),
                         check_int("key_length", key_length), bool(bidirectional), int(nb), int(max_distance),
@@ -140,6 +146,10 @@ def alibi_bias(slopes: torch.Tensor, query_length: int, key_length: int, *, quer
         out = _ops._FAST.alibi_bias(slopes, query_length, key_length, query_offset, dtype)
         if out is not None:
             return out
+    proxy = _fx.proxy_in(slopes, query_length, key_length, query_offset)
+    if proxy is not None:  # torch.fx symbolic tracing: one node, which runs with real values
+        return _fx.record_call(proxy, alibi_bias, slopes, query_length, key_length, query_offset=query_offset,
+                               dtype=dtype)
     with autograd_skipped(slopes):
         return dispatch("alibi_bias", slopes, check_int("query_length", query_length),
                         check_int("key_length", key_length), _offset(query_offset), dtype)

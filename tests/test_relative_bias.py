@@ -771,3 +771,17 @@ def test_bench_bias_quick_runs():
                      f"decode T5RelativePositionBias H=4 1x256 {dtype}", f"decode ALiBi module H=4 1x256 {dtype}"):
             assert name in out, out
     assert "goals met" in out
+
+
+@pytest.mark.parametrize("num_buckets,max_distance,relative,exact", [(128, 16463, -13545, 62), (64, 61179, -36534, 30)])
+def test_bucket_just_below_an_integer_is_the_exact_one(num_buckets, max_distance, relative, exact):
+    """Distances whose log-spaced value lies 8e-10 and 3e-10 below an integer k (not on it): the
+    bucket is below k, as the exact reference says (a 1e-9 margin for float64's rounding gave k)."""
+    rp = torch.tensor([relative, -relative, relative - 1, relative + 1])
+    want = reference.t5_relative_position_bucket(rp, num_buckets=num_buckets, max_distance=max_distance)
+    assert int(want[0]) == exact
+    got = pn.t5_relative_position_bucket(rp, num_buckets=num_buckets, max_distance=max_distance)
+    assert torch.equal(got, want)
+    weight = torch.arange(num_buckets, dtype=torch.float64)[:, None].expand(num_buckets, 2).contiguous()
+    bias = pn.relative_position_bias(weight, 1, 1, query_offset=-relative)
+    assert torch.equal(bias, reference.relative_position_bias(weight, 1, 1, query_offset=-relative))

@@ -23,8 +23,10 @@ namespace posenc {
 // the exact value is an integer k, (n / max_exact)^(buckets - max_exact) = (max_distance / max_exact)^k
 // (e.g. n = 18 for num_buckets 34, max_distance 27, bidirectional), where transformers' float32 log rounds either
 // way depending on the machine's log implementation (tests/test_relative_bias.py checks both facts
-// on every distance of many configurations). Within 1e-9 of an integer counts as that integer:
-// float64 carries ~1e-15 relative error, and float32 (transformers) cannot tell closer values apart.
+// on every distance of many configurations). A value within float64's error below an integer counts
+// as that integer (bucket's margin: about 1e-13 for T5's defaults), so that such an exact k gives k;
+// a value that close below k without being k would give k as well (the closest seen, searching
+// max_distance up to 2^20, is 2.7e-10 below: thousands of times the margin).
 struct T5Bucketing {
   int64_t buckets = 16;     // per direction: num_buckets / 2 when bidirectional, else num_buckets
   int64_t max_exact = 8;    // buckets / 2: distances below it have a bucket of their own
@@ -47,7 +49,11 @@ struct T5Bucketing {
     if (n >= static_cast<uint64_t>(max_distance)) return base + buckets - 1;  // the formula gives >= buckets - 1
     const double v = static_cast<double>(buckets - max_exact) *
                      (log(static_cast<double>(n) / static_cast<double>(max_exact)) / log_ratio);
-    const int64_t large = max_exact + static_cast<int64_t>(v + 1e-9);
+    // v's error: the roundings of n / max_exact (absolute 2^-53 in its log, amplified by 1 / log_ratio
+    // <= max_exact + 1), of the logs (1 ulp each) and of the quotient: below
+    // (buckets - max_exact) (max_exact + 7) 2^-53; twice the margin of that
+    const double margin = static_cast<double>(buckets - max_exact) * static_cast<double>(max_exact + 7) * 0x1p-52;
+    const int64_t large = max_exact + static_cast<int64_t>(v + margin);
     return base + (large < buckets - 1 ? large : buckets - 1);
   }
 };

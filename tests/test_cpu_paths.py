@@ -7,9 +7,9 @@ and off (on by default except on AMD Zen 4), and on the AVX-512 paths with fp16 
 256- and 512-bit vectors (POSENC_CPU_VECTOR_BITS; by default 512 on AMD Zen 5 for fp16, and for
 float32 under 32 MiB of rows): none may change bits.
 
-Known exceptions, avoided by these inputs (random normal values): NaN payloads (F16C and
-vcvtneps2bf16 keep them, the portable conversions write one canonical NaN) and, on avx512bf16, bf16
-results below 2^-126 (vcvtneps2bf16 flushes them to zero)."""
+Known exceptions, avoided by these inputs (random normal values): bf16 NaN payloads on avx512bf16
+(vcvtneps2bf16 keeps them, the other paths write one canonical NaN; fp16 NaNs keep theirs on every
+path, tested) and, on avx512bf16, bf16 results below 2^-126 (vcvtneps2bf16 flushes them to zero)."""
 from __future__ import annotations
 
 import os
@@ -91,6 +91,16 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
         for gr in (grad, grad.transpose(2, 3).contiguous().transpose(2, 3)):
             out.append(torch.autograd.grad(pn.relative_position_bias(w, lq, lk, query_offset=2), w, gr)[0])
             out.append(torch.autograd.grad(pn.alibi_bias(slopes, lq, lk, dtype=dtype), slopes, gr)[0])
+# fp16 NaNs keep their sign and the top ten bits of their payload on every path (F16C's conversion,
+# which the portable one follows), compared as bits: quiet and signalling ones, one negative
+nans = torch.tensor([0x7e01, 0x7f55, -0x1ff, 0x7fff, 0x7d00], dtype=torch.int16)
+for shape in ((2, 9, 130), (3, 5, 7)):
+    x = torch.randn(shape, generator=g).half()
+    flat = x.view(torch.int16).view(-1)
+    flat[::3] = nans.repeat(flat[::3].numel() // 5 + 1)[:flat[::3].numel()]
+    out.append(pn.add_sinusoidal(x, offset=5, x_scale=1.7).view(torch.int16))
+for slope in (float("nan"), -float("nan")):
+    out.append(pn.alibi_bias(torch.tensor([slope, 0.5, 0.25]), 3, 40, dtype=torch.float16).view(torch.int16))
 torch.save(out, sys.argv[1])
 """
 

@@ -160,8 +160,9 @@ POSENC_HD T from_math(M v) {
 #endif
 #if POSENC_HALF_BY_BITS
   if constexpr (std::is_same_v<T, c10::Half>) {
-    // Round to nearest even, as c10::Half's conversion: NaN -> 0x7e00 (with the sign), from 2^16
-    // up infinity; normal results (|f| >= 2^-14) by rounding the float's bits (rebiased 127 -> 15)
+    // Round to nearest even, as c10::Half's conversion, except NaN: quiet, with its sign and the top
+    // ten bits of its payload, as F16C's vcvtps2ph (the SIMD rows' store) gives it, for the same bits
+    // on every path (c10 gives 0x7e00 with the sign); from 2^16 up infinity; normal results (|f| >= 2^-14) by rounding the float's bits (rebiased 127 -> 15)
     // at bit 13; subnormal ones by adding 0.5, whose float spacing (2^-24) is the fp16 subnormals',
     // so the FPU rounds (no subnormal float results, so flush-to-zero modes change nothing, and
     // floats below 2^-126 round to 0 either way). Picked by masks, to vectorize (as float -> fp16).
@@ -177,7 +178,8 @@ POSENC_HD T from_math(M v) {
     std::memcpy(&shifted_bits, &shifted, sizeof(shifted_bits));
     const uint32_t subnormal = shifted_bits - 0x3f000000u;  // the bits of 0.5f
     const uint32_t normal = (magnitude - (112u << 23) + 0xfffu + ((magnitude >> 13) & 1u)) >> 13;
-    const uint32_t special = 0x7c00u | ((0u - static_cast<uint32_t>(magnitude > 0x7f800000u)) & 0x0200u);
+    const uint32_t is_nan = 0u - static_cast<uint32_t>(magnitude > 0x7f800000u);
+    const uint32_t special = 0x7c00u | (is_nan & (0x0200u | ((magnitude >> 13) & 0x03ffu)));
     const uint32_t is_special = 0u - static_cast<uint32_t>(magnitude >= (143u << 23));
     const uint32_t is_subnormal = 0u - static_cast<uint32_t>(magnitude < (113u << 23));
     const uint32_t finite = (normal & ~is_subnormal) | (subnormal & is_subnormal);

@@ -1280,3 +1280,33 @@ def test_patched_state_dict_keeps_the_unpatched_keys(tmp_path):
         want = plain(ids).last_hidden_state
         torch.testing.assert_close(patched(ids).last_hidden_state, want, atol=LOGIT_ATOL, rtol=0)
         assert torch.equal(reloaded.eval()(ids).last_hidden_state, want)
+
+
+@pytest.mark.parametrize("kind,change", [("llama-dynamic", ("rope", "factor", 4.0)),
+                                         ("llama-dynamic", ("config", "max_position_embeddings", 24)),
+                                         ("phi3-longrope", ("rope", "original_max_position_embeddings", 32))])
+def test_rope_config_changed_after_patching_is_refused(kind, change):
+    """Dynamic NTK and LongRoPE frequencies follow the config while the unpatched model runs (its
+    updates re-read it); the patched model read it once: a change after patch() is refused on the next
+    forward (not ignored), and unpatched the model runs as transformers does with the change."""
+    model = _model(kind)
+    twin = copy.deepcopy(model)  # never patched: the same calls, the same change
+    ids = _ids(2, 100, seed=3)
+    hfi.patch(model)
+    torch.testing.assert_close(_logits(model, ids), _logits(twin, ids), rtol=1e-4, atol=1e-4)
+    where, name, value = change
+    for m in (model, twin):
+        if where == "rope":
+            m.config.rope_parameters[name] = value
+        else:
+            setattr(m.config, name, value)
+    # a length that makes the unpatched model read the config again: past the longest seen (dynamic),
+    # between the old and the new switch (LongRoPE)
+    ids = _ids(2, 140 if kind == "llama-dynamic" else 48, seed=4)
+    with pytest.raises(hfi.UnsupportedModelError, match="changed after it was patched"):
+        _logits(model, ids)
+    hfi.unpatch(model)
+    want = _logits(twin, ids)
+    assert (want - _logits(_model(kind), ids)).abs().max() > 1e-3  # (the change changes the unpatched model)
+    if kind == "llama-dynamic":  # (LongRoPE keeps its long frequencies from whichever call first needed them)
+        torch.testing.assert_close(_logits(model, ids), want, rtol=1e-5, atol=1e-5)

@@ -481,6 +481,8 @@ def _config_regime(cfg, hf_rotary: nn.Module, lt: Optional[str], rope_type: str,
         raise UnsupportedModelError(f"RopeConfig.from_hf reads an MRoPE layout (mrope_section "
                                     f"{rope.mrope_section}) from its config, but it takes one row of position ids")
     regime = Regime(rope, rope_type, rope.interleaved, hf_rotary, lo)
+    if regime.mode != "static":
+        regime.watch_config(cfg, lt)
     base = _base_frequencies(hf_rotary, lt, rope, regime)
     if base is not None:
         err = _rel_err(base[1], base[2])

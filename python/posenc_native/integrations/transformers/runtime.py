@@ -9,6 +9,7 @@ handle once, and the attention's ``freqs_cis.to(device)`` is :meth:`RotaryPositi
 """
 from __future__ import annotations
 
+import copy
 from typing import Optional, Union
 
 import torch
@@ -174,6 +175,7 @@ class Regime:
         # > 0: the model's own frequencies are the config's rounded to 16 bits (up to this relative error);
         # the fused op uses the config's, exactly (detect._ROUNDED_RTOL)
         self.rounded = 0.0
+        self._watched = None  # (config, layer type, its rope fields at patch time): watch_config
         self._update_lock = ForkSafeLock()
         if "dynamic" in rope_type:  # transformers' test in dynamic_rope_update
             self.mode = "dynamic"
@@ -202,6 +204,7 @@ class Regime:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self.__dict__.setdefault("rounded", 0.0)  # pickled by a version without it
+        self.__dict__.setdefault("_watched", None)
         self._update_lock = ForkSafeLock()
 
     @property
@@ -241,8 +244,24 @@ class Regime:
         """Position rows the rotation reads (3 for MRoPE's time, height, width; 1 for plain RoPE)."""
         return self.rope.num_axes
 
+    def watch_config(self, cfg, layer_type: Optional[str]) -> None:
+        """For the modes whose frequencies transformers re-reads from the model's config while it runs
+        (dynamic NTK's growth, LongRoPE's switch): the config's rope fields now, compared on each forward
+        pass, so that a change made after patching (which the unpatched model would follow, and these
+        frequencies, read once, would not) is refused rather than ignored."""
+        self._watched = (cfg, layer_type, copy.deepcopy(_rope_fields(cfg, layer_type)))
+
+    def _check_config(self) -> None:
+        cfg, layer_type, then = self._watched
+        if _rope_fields(cfg, layer_type) != then:
+            raise UnsupportedModelError(
+                f"{_ERR}: the model's rope configuration ({self.rope_type} frequencies, which follow it) changed "
+                "after it was patched; unpatch the model and patch it again")
+
     def handle(self, position_ids: torch.Tensor, device: torch.device) -> RotaryPositions:
         # frequencies come from the config's own per-(device, regime) cache (RopeConfig.inv_freq_on)
+        if self._watched is not None:
+            self._check_config()
         if self.rope.mrope_section is not None:  # static (see __init__), in the ops' axis form
             return RotaryPositions(position_ids, self.rope.op_inv_freq_on(device), self.attention_factor,
                                    self.interleaved, self.routes, self.rope.pair_axes)
@@ -255,6 +274,15 @@ class Regime:
             is_long = position_ids.max() >= lo  # max + 1 > lo, without int32 positions wrapping at 2^31 - 1
             inv_freq = torch.where(is_long, self.rope.inv_freq_on(device, lo + 1), self.rope.inv_freq_on(device, lo))
         return RotaryPositions(position_ids, inv_freq, self.attention_factor, self.interleaved, self.routes)
+
+
+def _rope_fields(cfg, layer_type: Optional[str]) -> tuple:
+    """What transformers' dynamic and LongRoPE updates read from a model's config (as the values are)."""
+    params = getattr(cfg, "rope_parameters", None)
+    if layer_type is not None and isinstance(params, dict):
+        params = params.get(layer_type)
+    names = ("max_position_embeddings", "original_max_position_embeddings", "partial_rotary_factor", "head_dim")
+    return (params, *(getattr(cfg, name, None) for name in names))
 
 
 class AxisTableRegime:

@@ -109,7 +109,8 @@ def add_sinusoidal(x: torch.Tensor, positions: Optional[torch.Tensor] = None, *,
         offset: added to every position, given or default (e.g. the cache length while decoding),
             by the op: exactly, in float64, so int32 positions never wrap. ``|offset| <= 2**48``,
             the position domain.
-        x_scale: multiplies x first (``sqrt(d_model)`` in the original transformer).
+        x_scale: multiplies x first (``sqrt(d_model)`` in the original transformer); within float32's
+            range unless x is float64 (32- and 16-bit rows are computed in float32).
         Other options as in :func:`sinusoidal_table`.
 
     Differentiable with respect to x.

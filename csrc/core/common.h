@@ -162,10 +162,11 @@ POSENC_HD T from_math(M v) {
   if constexpr (std::is_same_v<T, c10::Half>) {
     // Round to nearest even, as c10::Half's conversion, except NaN: quiet, with its sign and the top
     // ten bits of its payload, as F16C's vcvtps2ph (the SIMD rows' store) gives it, for the same bits
-    // on every path (c10 gives 0x7e00 with the sign); from 2^16 up infinity; normal results (|f| >= 2^-14) by rounding the float's bits (rebiased 127 -> 15)
-    // at bit 13; subnormal ones by adding 0.5, whose float spacing (2^-24) is the fp16 subnormals',
-    // so the FPU rounds (no subnormal float results, so flush-to-zero modes change nothing, and
-    // floats below 2^-126 round to 0 either way). Picked by masks, to vectorize (as float -> fp16).
+    // on every path (c10 gives 0x7e00 with the sign); from 2^16 up infinity; normal results
+    // (|f| >= 2^-14) by rounding the float's bits (rebiased 127 -> 15) at bit 13; subnormal ones by
+    // adding 0.5, whose float spacing (2^-24) is the fp16 subnormals', so the FPU rounds (no subnormal
+    // float results, so flush-to-zero modes change nothing, and floats below 2^-126 round to 0 either
+    // way). Picked by masks, to vectorize (as float -> fp16).
     const float f = static_cast<float>(v);
     uint32_t bits;
     std::memcpy(&bits, &f, sizeof(bits));

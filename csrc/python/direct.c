@@ -41,7 +41,8 @@ static struct {
   PyObject* general;                 /* ops._rope: the general path of a rope call */
   PyObject* empty_k;                 /* ops._empty_k(q, layout): the k of zero heads a q-only call passes the op */
   PyObject* nn_module;               /* torch.nn.Module, whose __call__ takes the calls module_call declines */
-  PyObject* nn_module_call;          /* nn.Module.__call__ at bind: another one (torch.fx's tracer patches it) sees every call */
+  PyObject* nn_module_call;          /* nn.Module.__call__ at bind: while another is in place (torch.fx's
+                                        tracer patches it), that one takes every call */
   PyObject* strided;                 /* torch.strided: the only layout the redispatch takes (the kernels' own checks) */
   PyObject* embedding_type;          /* torch.nn.Embedding: T5RelativePositionBias's table, exactly of this class */
   PyObject* nn_module_globals;       /* torch.nn.modules.module's namespace: its global hook dicts */

@@ -323,7 +323,8 @@ try:
                                         torch._C._get_tracing_state),  # None, or the jit tracer's state (it records ops)
         "inference_mode": torch.is_inference_mode_enabled, "grad_enabled": torch.is_grad_enabled,
         "increment_version": torch._C._increment_version,
-        "nn_module": torch.nn.Module, "strided": torch.strided, "nn_module_globals": vars(torch.nn.modules.module), "embedding": torch.nn.Embedding,
+        "nn_module": torch.nn.Module, "strided": torch.strided, "embedding": torch.nn.Embedding,
+        "nn_module_globals": vars(torch.nn.modules.module),
         "forward_ad_globals": vars(torch.autograd.forward_ad),  # _current_level >= 0: a dual level is active
         "cpu_keys": torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), "general": lambda *args: _rope(*args),  # (defined below)
         "empty_k": _empty_k_reused,

@@ -149,6 +149,13 @@ POSENC_ARGS_STRUCT(RopeArgs, POSENC_ROPE_ARGS)
   X(Tensor, q) X(Tensor, k) X(Tensor, cos) X(Tensor, sin) X(OptTensor, positions) X(Str, layout) X(Bool, inverse)
 POSENC_ARGS_STRUCT(RopeCosSinArgs, POSENC_ROPE_COS_SIN_ARGS)
 
+// The in-place rotation's checks of q and k's memory alone (no element held twice, q and k apart;
+// any shapes), for code that rotates out of place and copies the result back (compiled or
+// torch.func apply_rope_, posenc_native/ops.py). Returns a copy of inv_freq for that rotation to
+// read: the data dependency orders the check before every write of a compiled graph.
+#define POSENC_ROPE_IN_PLACE_CHECK_ARGS(X) X(Tensor, q) X(Tensor, k) X(Tensor, inv_freq)
+POSENC_ARGS_STRUCT(RopeInPlaceCheckArgs, POSENC_ROPE_IN_PLACE_CHECK_ARGS)
+
 // ---- Relative position biases. T5: transformers' _relative_position_bucket of int relative positions
 // (memory - context), and the bias weight[bucket(j - i - query_offset), h] from weight [num_buckets,
 // heads]. ALiBi: slopes[h] * (j - i - query_offset). Biases are [1, heads, query_length, key_length];
@@ -184,6 +191,7 @@ POSENC_ARGS_STRUCT(AlibiBackwardArgs, POSENC_ALIBI_BACKWARD_ARGS)
   X(rope_, RopeArgs, "()", "posenc_native.ops", "q", "k")                                        \
   X(rope_cos_sin, RopeCosSinArgs, "(Tensor, Tensor)", "posenc_native.ops")                       \
   X(rope_cos_sin_, RopeCosSinArgs, "()", "posenc_native.ops", "q", "k")                          \
+  X(rope_in_place_check, RopeInPlaceCheckArgs, "Tensor", "posenc_native.ops")                    \
   X(t5_relative_position_bucket, T5BucketArgs, "Tensor", "posenc_native.bias")                   \
   X(relative_position_bias, RelativeBiasArgs, "Tensor", "posenc_native.bias")                    \
   X(relative_position_bias_backward, RelativeBiasBackwardArgs, "Tensor", "posenc_native.bias")   \

@@ -75,7 +75,8 @@ def packed_views(draw):
 @given(case=packed_views())
 def test_inplace_overlap_decided_exactly(case):
     """rope_ and rope_cos_sin_ reject exactly the q/k that share a byte (each other or themselves),
-    including the non-dense overlaps torch calls TooHard; everything else is rotated correctly."""
+    including the non-dense overlaps torch calls TooHard; everything else is rotated correctly.
+    rope_in_place_check (compiled code's check before a copy-back) decides alike."""
     (qs, qst, qo), (ks, kst, ko), use_table = case
     buf = torch.randn(1024, dtype=torch.float64, generator=torch.Generator().manual_seed(qo * 131 + ko))
     q, k = buf.as_strided(qs, qst, qo), buf.as_strided(ks, kst, ko)
@@ -93,11 +94,17 @@ def test_inplace_overlap_decided_exactly(case):
         else:
             pn.apply_rope_(q, k, pos, inv_freq=inv, layout="thd")
 
+    def check():  # what compiled apply_rope_ checks before it copies a rotation back (ops.py)
+        checked = torch.ops.posenc.rope_in_place_check(q, k, inv)
+        assert torch.equal(checked, inv) and checked.data_ptr() != inv.data_ptr()
+
     if overlapping:
-        with pytest.raises(RuntimeError, match="share memory|elements that share memory"):
-            run()
+        for refused in (check, run):
+            with pytest.raises(RuntimeError, match="share memory|elements that share memory"):
+                refused()
         assert torch.equal(buf, before), "a rejected call wrote"
     else:
+        check()
         run()
         assert rel_err(q, q_ref) <= 1e-12 and rel_err(k, k_ref) <= 1e-12
 

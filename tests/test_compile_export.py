@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 
 import pytest
 import torch
@@ -230,6 +231,44 @@ def test_inplace_rope_compiles_without_breaks(dynamic):
         (fn(leaf * 1.0, positions) * weights).sum().backward()
         grads.append(leaf.grad)
     assert_matches(grads[1], grads[0], "cpu")
+
+
+# q and k that eager's in-place rotation refuses (fn(buffer) -> (q, k), message): the compiled
+# copy-back paths (with a gradient wanted, or a symbolic storage offset) copied the rotation back
+# into such views with no check, the second copy overwriting the first where q and k meet
+_REFUSED_IN_PLACE = {
+    "same tensor": (lambda y: (y, y), "q and k must not share memory"),
+    "overlapping views": (lambda y: (y[:, :-1], y[:, 1:]), "q and k must not share memory"),
+    "expanded k": (lambda y: (y[:, 1:], y[:, :1].expand(-1, y.shape[1] - 1, -1, -1)),  # (torch's copy_
+                   # refuses it while tracing the copy-back paths, in its own words)
+                   "k must not have elements that share memory|more than one element of the written-to tensor"),
+}
+
+
+@pytest.mark.parametrize("case", list(_REFUSED_IN_PLACE))
+@pytest.mark.parametrize("grad, dynamic", [(True, False), (True, True), (False, True), (False, False)])
+def test_compiled_inplace_rope_refuses_what_eager_refuses(case, grad, dynamic):
+    views, message = _REFUSED_IN_PLACE[case]
+    inv_freq = default_inv_freq(4)
+
+    def rotate(y: torch.Tensor) -> torch.Tensor:
+        q, k = views(y)
+        posenc_native.apply_rope_(q, k, inv_freq=inv_freq)
+        return y * 2.0
+
+    leaf = torch.randn(2, 7, 3, 4, requires_grad=grad)
+    buffer = leaf.detach().clone() if not grad else leaf * 1.0  # (a non-leaf: in place is allowed with grad)
+    before = buffer.detach().clone()
+    with pytest.raises(RuntimeError, match=message):
+        rotate(buffer)
+    torch._dynamo.reset()
+    with pytest.raises(Exception) as refusal:
+        torch.compile(rotate, fullgraph=True, dynamic=dynamic)(buffer)
+    chain = [refusal.value]  # (dynamo reports an error raised while it traces as the context of its own)
+    while chain[-1].__context__ is not None:
+        chain.append(chain[-1].__context__)
+    assert any(re.search(message, str(e)) for e in chain), [str(e) for e in chain]
+    assert torch.equal(buffer.detach(), before)  # refused before any write
 
 
 class ModuleAttention(nn.Module):

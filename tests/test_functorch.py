@@ -359,6 +359,31 @@ def test_in_place_rope_under_a_transform_refused_before_any_write(case):
         _check(got_k[1], want_k)
 
 
+def test_in_place_rope_of_fused_qkv_views_under_a_transform():
+    """q and k views of one fused qkv buffer (rows interleaved, no element shared) rotate in place
+    under vmap and grad as in eager: the overlap test is the op's exact one (a byte-range test once
+    refused them), v untouched, every slice and gradient the reference's."""
+    cfg = _config()
+    qkv = _randn(V, B, S, 3, H, D, seed=43)
+    pos = _positions(S, seed=44)
+
+    def rotate(t):
+        t = t.clone()
+        pn.apply_rope_(t[:, :, 0], t[:, :, 1], pos, config=cfg)
+        return t
+
+    got = torch.func.vmap(rotate)(qkv)
+    for i in range(V):
+        want_q, want_k = reference.apply_rope(qkv[i, :, :, 0].double(), qkv[i, :, :, 1].double(), pos, cfg)
+        _check(got[i, :, :, 0], want_q)
+        _check(got[i, :, :, 1], want_k)
+        assert torch.equal(got[i, :, :, 2], qkv[i, :, :, 2])
+    w = _randn(B, S, H, D, seed=45)
+    grad = torch.func.grad(lambda t: (rotate(t)[:, :, 0] * w).sum())(qkv[0])
+    _check(grad[:, :, 0], _reference_grad(lambda x: reference.apply_rope(x, None, pos, cfg)[0], qkv[0, :, :, 0], w))
+    assert not grad[:, :, 1:].any()
+
+
 @pytest.mark.parametrize("bias", ["t5", "alibi"])
 def test_vmapped_bias_parameters_fold_into_the_heads(bias):
     """The biases vmapped over their parameter (an ensemble of T5 weights or ALiBi slopes; their

@@ -397,6 +397,7 @@ def _opcheck_samples(device):
         ("rope", (q[..., ::2], k.mT.contiguous().mT[..., :16], pos, None, default_inv_freq(16).to(device), 1.0, False,
                   "bshd", 0, False)),
         ("rope_cos_sin", (q.mT.contiguous().mT, k.mT.contiguous().mT, cos, sin, None, "bshd", False)),
+        ("rope_in_place_check", (packed_q[:, :2], packed_q[:, 2:], inv)),  # (q and k apart: a copy of inv)
     ]
 
 

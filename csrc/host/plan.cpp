@@ -597,6 +597,11 @@ void rope__op(const RopeArgs& a, const Backend& backend) {
   rope_frequency("posenc.rope_", a, nullptr, nullptr, backend);
 }
 
+Tensor rope_in_place_check_op(const RopeInPlaceCheckArgs& a, const Backend&) {
+  check_inplace_outputs("posenc.rope_", a.q, a.k);
+  return torch::stable::clone(a.inv_freq);
+}
+
 namespace {
 
 // cos/sin given as [S, R], [B or 1, S, R], or (with positions) [rows, R] gathered by position.

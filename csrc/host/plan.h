@@ -37,6 +37,7 @@ Tensor add_sinusoidal_op(const AddSinusoidalArgs& a, const Backend& backend);
 // Rotation from frequencies. Out of place returns (q_out, k_out); in place rewrites q and k.
 std::tuple<Tensor, Tensor> rope_op(const RopeArgs& a, const Backend& backend);
 void rope__op(const RopeArgs& a, const Backend& backend);
+Tensor rope_in_place_check_op(const RopeInPlaceCheckArgs& a, const Backend& backend);
 
 // Rotation from a given cos/sin table (transformers' apply_rotary_pos_emb convention, half-split).
 std::tuple<Tensor, Tensor> rope_cos_sin_op(const RopeCosSinArgs& a, const Backend& backend);

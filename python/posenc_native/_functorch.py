@@ -186,29 +186,14 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
             return t
 
 
-def check_writable_apart(op: str, q: torch.Tensor, k: torch.Tensor) -> None:
+def check_writable_apart(q: torch.Tensor, k: torch.Tensor) -> None:
     """Under a transform the in-place rotation is the out-of-place op copied back into q, then k
     (``ops._rope``): checked first, as the op checks in eager, so that nothing is written when one
-    copy would fail or the second would overwrite the first. Expanded and self-overlapping q or k
-    are refused as in eager; q and k are refused when their byte ranges meet (eager decides exactly,
-    so views of one fused qkv buffer with interleaved rows pass there and not here)."""
+    copy would fail or the second would overwrite the first. The op's own test, exact, on the
+    tensors the transform wraps (an expanded or self-overlapping q or k, q and k sharing an element;
+    views of one fused qkv buffer with interleaved rows pass, as in eager)."""
     q, k = _plain(q), _plain(k)
-    for name, t in (("q", q), ("k", k)):
-        if t.numel() > 1 and torch._debug_has_internal_overlap(t) == 1:
-            raise RuntimeError(f"{op}: {name} must not have elements that share memory (an expanded or self-overlapping "
-                               f"view, strides {list(t.stride())}) when rotated in place")
-    if q.numel() == 0 or k.numel() == 0 or q.untyped_storage().data_ptr() != k.untyped_storage().data_ptr():
-        return
-
-    def byte_range(t: torch.Tensor) -> tuple[int, int]:
-        first = t.storage_offset() * t.element_size()
-        return first, first + (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
-
-    (q0, q1), (k0, k1) = byte_range(q), byte_range(k)
-    if q0 < k1 and k0 < q1:
-        raise RuntimeError(f"{op}: q and k must not share memory when rotated in place (under a torch.func "
-                           "transform, views of one buffer whose elements interleave count as sharing it: rotate "
-                           "them with apply_rope)")
+    torch.ops.posenc.rope_in_place_check(q, k, q.new_empty(0, dtype=torch.float64))
 
 
 def check_copyable(op: str, **pairs: tuple[torch.Tensor, torch.Tensor]) -> None:

@@ -444,7 +444,7 @@ def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, i
             q_out, k_out = _dispatch("rope", *args)
         return q_out, (k_out if k is not None else None)
     if _functorch_active():  # the in-place op has no torch.func rule: the out-of-place one, copied back
-        _check_writable_apart("posenc.rope_", q, k_arg)
+        _check_writable_apart(q, k_arg)
         rotated = _dispatch("rope", *args)
         _check_copyable("posenc.rope_", q=(q, rotated[0]), k=(k_arg, rotated[1]))  # (before the first copy)
         _copy_back(q, k_arg, rotated)
@@ -452,7 +452,7 @@ def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, i
         if _grad_wanted(q, k_arg, inv_freq):
             # the in-place op's autograd (a Python kernel) traced by AOTAutograd gave rotated views
             # of a non-leaf wrong gradients: the out-of-place op and copy_, whose autograd torch traces
-            _copy_back(q, k_arg, _dispatch("rope", *args))
+            _rotate_and_copy_back(*args)
         else:
             _rope_in_place_compiled(*[() if a is None else a for a in args])  # (nonstrict_trace takes no None)
     elif _grad_wanted(q, k_arg, inv_freq):  # (the autograd kernel refuses an inv_freq that wants a gradient)
@@ -478,10 +478,22 @@ def _rope_in_place_compiled(q: torch.Tensor, k: torch.Tensor, *rest) -> torch.Te
     call in place. Absent arguments come as ``()``. Returns a placeholder (nonstrict_trace wants an output)."""
     rest = tuple(None if isinstance(a, tuple) and not a else a for a in rest)
     if isinstance(q.storage_offset(), torch.SymInt) or isinstance(k.storage_offset(), torch.SymInt):
-        _copy_back(q, k, torch.ops.posenc.rope(q, k, *rest))
+        _rotate_and_copy_back(q, k, *rest)
     else:
         torch.ops.posenc.rope_(q, k, *rest)
     return q.new_empty(())
+
+
+def _rotate_and_copy_back(q: torch.Tensor, k: torch.Tensor, positions, cu_seqlens, inv_freq: torch.Tensor,
+                          *rest) -> None:
+    """Compiled in-place rotation where the in-place op cannot run (or runs wrong): the out-of-place
+    op, copied back, after the in-place op's checks of q and k's memory, which the copies would not
+    make (q and k sharing an element: the second copy would overwrite the first). The check op
+    returns a copy of inv_freq that the rotation reads, so no write of the graph comes before it.
+    (An inv_freq that wants a gradient is refused by the rotation, before any write, as in eager.)"""
+    if not inv_freq.requires_grad:
+        inv_freq = torch.ops.posenc.rope_in_place_check(q.detach(), k.detach(), inv_freq)
+    _copy_back(q, k, torch.ops.posenc.rope(q, k, positions, cu_seqlens, inv_freq, *rest))
 
 
 def _copy_back(q: torch.Tensor, k: torch.Tensor, rotated: tuple[torch.Tensor, torch.Tensor]) -> None:
@@ -618,6 +630,11 @@ def _register_rotation_fakes(name: str) -> None:
 
 for _rotation in ("rope", "rope_cos_sin"):
     _register_rotation_fakes(_rotation)
+
+
+@torch.library.register_fake("posenc::rope_in_place_check")
+def _rope_in_place_check_fake(q, k, inv_freq):
+    return torch.empty_like(inv_freq)
 
 
 def _meta(t: torch.Tensor):

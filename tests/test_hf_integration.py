@@ -1310,3 +1310,91 @@ def test_rope_config_changed_after_patching_is_refused(kind, change):
     assert (want - _logits(_model(kind), ids)).abs().max() > 1e-3  # (the change changes the unpatched model)
     if kind == "llama-dynamic":  # (LongRoPE keeps its long frequencies from whichever call first needed them)
         torch.testing.assert_close(_logits(model, ids), want, rtol=1e-5, atol=1e-5)
+
+
+def test_arguments_of_the_original_the_wrapper_does_not_implement_are_refused(monkeypatch):
+    """The wrapper rotates from q, k, the handle and unsqueeze_dim alone: a call passing another parameter
+    of the original function at a value other than its default (where the probe ran it), or an argument
+    the function does not take, is refused naming it, never rotated as if it were not there."""
+    from transformers.models.llama import modeling_llama as ml
+
+    original = ml.apply_rotary_pos_emb
+
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1, scale=1.0):  # one more parameter
+        q_out, k_out = original(q, k, cos, sin, unsqueeze_dim)
+        return q_out * scale, k_out * scale
+
+    monkeypatch.setattr(ml, "apply_rotary_pos_emb", apply_rotary_pos_emb)
+    model = _model("llama")
+    ids = _ids(2, 12)
+    want = _logits(model, ids)
+    rotary = copy.deepcopy(model.model.rotary_emb)
+    hfi.patch(model)
+    _assert_close_logits(_logits(model, ids), want)  # the attention passes no scale
+    g = torch.Generator().manual_seed(6)
+    pos = torch.randint(0, 200, (2, 9), generator=g)
+    q, k = torch.randn(2, 4, 9, 16, generator=g), torch.randn(2, 2, 9, 16, generator=g)
+    h = model.model.rotary_emb(q, pos)[0]
+    theirs = ml.apply_rotary_pos_emb(q, k, *rotary(q, pos))
+    for call in (lambda: ml.apply_rotary_pos_emb(q, k, h, h), lambda: ml.apply_rotary_pos_emb(q, k, h, h, 1, 1.0),
+                 lambda: ml.apply_rotary_pos_emb(q, k, h, h, scale=1)):
+        for a, b in zip(call(), theirs):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    for call, named in ((lambda: ml.apply_rotary_pos_emb(q, k, h, h, 1, 2.0), "scale=2.0"),
+                        (lambda: ml.apply_rotary_pos_emb(q, k, h, h, scale=torch.tensor(2.0)),
+                         r"scale=a tensor of shape \(\)"),
+                        (lambda: ml.apply_rotary_pos_emb(q, k, h, h, position_ids=pos),
+                         r"position_ids=a tensor of shape \(2, 9\)"),
+                        (lambda: ml.apply_rotary_pos_emb(q, k, h, h, 1, 1.0, 7), "positional argument 7=7")):
+        with pytest.raises(hfi.UnsupportedModelError, match=named) as e:
+            call()
+        assert "apply_rotary_pos_emb" in str(e.value) and "unpatch" in str(e.value)
+
+
+def _sam2_video():
+    cfg = transformers.Sam2VideoConfig(memory_attention_rope_feat_sizes=[4, 3], memory_attention_num_layers=2,
+                                       memory_attention_hidden_size=64, memory_attention_feed_forward_hidden_size=128)
+    torch.manual_seed(0)
+    return transformers.Sam2VideoModel(cfg).eval()
+
+
+def _memory_inputs(frames: int, pointers: int, seed: int):
+    """Random inputs of SAM 2's memory attention: 12 tokens of the current frame ([tokens, batch, 64]) and
+    the memory of ``frames`` frames of 12 tokens each, then ``pointers`` object-pointer tokens."""
+    g = torch.Generator().manual_seed(seed)
+    n, batch = 12, 2
+    current, current_pos = torch.randn(2, n, batch, 64, generator=g)
+    memory, memory_pos = torch.randn(2, frames * n + pointers, batch, 64, generator=g)
+    return dict(current_vision_features=current, memory=memory, current_vision_position_embeddings=current_pos,
+                memory_posision_embeddings=memory_pos, num_object_pointer_tokens=pointers)
+
+
+def test_sam2_key_arguments_the_probe_does_not_prove_are_refused(monkeypatch):
+    """A rotation that takes num_k_exclude_rope and repeat_freqs_k but does something else with them (here:
+    the first keys pass through, not the last) is patched for what the probe proved, the calls at their
+    defaults (self-attention); its cross-attention calls are refused naming both, not rotated by a guess."""
+    from transformers.models.sam2_video import modeling_sam2_video as ms
+
+    original = ms.apply_rotary_pos_emb_2d
+
+    def apply_rotary_pos_emb_2d(q, k, cos, sin, num_k_exclude_rope=0, repeat_freqs_k=False):
+        n = num_k_exclude_rope
+        q_out, k_out = original(q, k[..., n:, :], cos, sin, 0, repeat_freqs_k)
+        return q_out, torch.cat([k[..., :n, :], k_out], dim=-2)
+
+    monkeypatch.setattr(ms, "apply_rotary_pos_emb_2d", apply_rotary_pos_emb_2d)
+    model = _sam2_video()
+    pos = model.memory_attention.position_ids
+    g = torch.Generator().manual_seed(2)
+    q, k = torch.randn(2, 1, 12, 64, generator=g), torch.randn(2, 1, 12, 64, generator=g)
+    want = apply_rotary_pos_emb_2d(q, k, *model.memory_attention.rotary_emb(q, pos))
+    hfi.patch(model)
+    assert "num_k_exclude_rope" not in hfi.describe(model)
+    h = model.memory_attention.rotary_emb(q, pos)[0]
+    for a, b in zip(ms.apply_rotary_pos_emb_2d(q, k, h, h), want):  # a self-attention call
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    inputs = _memory_inputs(2, 3, seed=1)
+    with torch.no_grad(), pytest.raises(hfi.UnsupportedModelError,
+                                        match="num_k_exclude_rope=3, repeat_freqs_k=True") as e:
+        model.memory_attention(**inputs)
+    assert "apply_rotary_pos_emb_2d" in str(e.value)

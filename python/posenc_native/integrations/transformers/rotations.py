@@ -9,6 +9,10 @@ cost for them is one ``isinstance`` per call while another model is patched. Rep
 attention's ``forward`` instead would avoid touching globals but silently drift whenever
 transformers edits a forward. With the ``kernels`` package installed the global is a function
 module (:func:`is_function_module`): its ``forward`` is wrapped instead, the global left in place.
+
+The wrapper reads q and k (or x), the handle and ``unsqueeze_dim``. The probe ran the original with its
+other parameters at their defaults, so a call passing one of them at another value, or an argument the
+original does not take, is refused naming it, not rotated as if it were absent (:func:`_unread`).
 """
 from __future__ import annotations
 
@@ -46,12 +50,48 @@ class RotationSpec:
     def handle_index(self) -> int:
         return {"qk": 2, "x": 1, "cis": 2, "gptj": 1}[self.kind]
 
+    @property
+    def leading(self) -> int:
+        """How many leading parameters every call passes and the wrapper reads (the tensors and the table)."""
+        return {"qk": 4, "x": 3, "cis": 3, "gptj": 3}[self.kind]
+
 
 def _deinterleave(x: torch.Tensor, rotary_dim: int) -> torch.Tensor:
     parts = [x[..., 0:rotary_dim:2], x[..., 1:rotary_dim:2]]
     if rotary_dim < x.shape[-1]:
         parts.append(x[..., rotary_dim:])
     return torch.cat(parts, dim=-1)
+
+
+def _shown(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _at_default(value, default) -> bool:
+    if value is default:
+        return True
+    if isinstance(value, torch.Tensor) or isinstance(default, torch.Tensor) or default is inspect.Parameter.empty:
+        return False
+    try:
+        return bool(value == default)
+    except Exception:  # noqa: BLE001 - not comparable with it: not the default
+        return False
+
+
+def _unread(original: Callable, spec: RotationSpec) -> tuple[tuple, frozenset, int]:
+    """What ``original`` takes beyond what the wrapper reads: its other named parameters as (name, position
+    or None when keyword-only, default); the names a keyword may pass (none more: a ``**kwargs`` catches
+    arguments the probe never passed); how many may be passed by position."""
+    sig = signature(original)
+    params = [p for p in (sig.parameters.values() if sig is not None else ())
+              if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    positional = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+    unread = tuple((p.name, i if i < positional else None, p.default) for i, p in enumerate(params)
+                   if i >= spec.leading and p.name != "unsqueeze_dim")
+    return unread, frozenset(p.name for p in params if p.kind != p.POSITIONAL_ONLY), positional
 
 
 def make_wrapper(original: Callable, spec: RotationSpec, key: tuple[str, str]) -> Callable:
@@ -61,9 +101,24 @@ def make_wrapper(original: Callable, spec: RotationSpec, key: tuple[str, str]) -
     hi = spec.handle_index
     hname = params[hi]
     ui = params.index("unsqueeze_dim") if "unsqueeze_dim" in params else None
+    unread, names, positional = _unread(original, spec)
 
     def arg(args, kwargs, i, default=None):
         return args[i] if len(args) > i else kwargs.get(params[i], default)
+
+    def refuse_unread(args, kwargs) -> None:
+        passed = []
+        for name, i, default in unread:
+            value = args[i] if i is not None and len(args) > i else kwargs.get(name, default)
+            if not _at_default(value, default):
+                passed.append(f"{name}={_shown(value)}")
+        passed += [f"positional argument {i + 1}={_shown(v)}" for i, v in enumerate(args[positional:], positional)]
+        passed += [f"{name}={_shown(v)}" for name, v in kwargs.items() if name not in names]
+        if passed:
+            raise UnsupportedModelError(
+                f"{_ERR}: {key[0]}.{key[1]} was called with {', '.join(passed)}, which the fused rotation does not "
+                "implement (proven at patch time with each parameter it does not read at its default, and "
+                "no other argument); unpatch the model")
 
     @functools.wraps(original, updated=())  # (a function module's __dict__ is its module state)
     def wrapper(*args, **kwargs):
@@ -76,6 +131,8 @@ def make_wrapper(original: Callable, spec: RotationSpec, key: tuple[str, str]) -
         if pairing is None:
             raise UnsupportedModelError(f"{_ERR}: {key[0]}.{key[1]} received rotary positions from a module "
                                         "it was not proven to match at patch time; unpatch the model")
+        if unread or len(args) > positional or (kwargs and not names.issuperset(kwargs)):
+            refuse_unread(args, kwargs)
         interleaved, inverse = pairing.interleaved, pairing.inverse
         if pairing.rotary_only and arg(args, kwargs, 0).shape[-1] != 2 * h.inv_freq.shape[-1]:
             raise UnsupportedModelError(f"{_ERR}: {key[0]}.{key[1]} was proven only on inputs as wide as the "
@@ -124,15 +181,23 @@ def is_function_module(obj: object) -> bool:
             and next(obj.buffers(), None) is None)
 
 
-def signature_params(fn: Callable) -> tuple[str, ...]:
-    """The parameter names of ``fn`` (of its ``forward`` without ``self`` for a function module)."""
+def signature(fn: Callable) -> Optional[inspect.Signature]:
+    """The signature of ``fn`` (of its ``forward`` without ``self`` for a function module); None when
+    it has none."""
     fn = inspect.unwrap(fn)
     try:
         if isinstance(fn, nn.Module):
-            return tuple(inspect.signature(type(fn).forward).parameters)[1:]
-        return tuple(inspect.signature(fn).parameters)
+            sig = inspect.signature(type(fn).forward)
+            return sig.replace(parameters=list(sig.parameters.values())[1:])
+        return inspect.signature(fn)
     except (TypeError, ValueError):
-        return ()
+        return None
+
+
+def signature_params(fn: Callable) -> tuple[str, ...]:
+    """The parameter names of ``fn`` (of its ``forward`` without ``self`` for a function module)."""
+    sig = signature(fn)
+    return () if sig is None else tuple(sig.parameters)
 
 
 # --------------------------------------------------------------------------------------------

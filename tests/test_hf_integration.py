@@ -1351,18 +1351,34 @@ def test_arguments_of_the_original_the_wrapper_does_not_implement_are_refused(mo
         assert "apply_rotary_pos_emb" in str(e.value) and "unpatch" in str(e.value)
 
 
-def _sam2_video():
-    cfg = transformers.Sam2VideoConfig(memory_attention_rope_feat_sizes=[4, 3], memory_attention_num_layers=2,
-                                       memory_attention_hidden_size=64, memory_attention_feed_forward_hidden_size=128)
+def _sam2_video(family: str = "sam2_video"):
+    """A small SAM 2 video model (or SAM 3 tracker video, whose memory attention is the same): its memory
+    attention attends over 4x3 tokens (SAM 3 tracker video: 4x4, from its image size)."""
+    small = dict(memory_attention_num_layers=2, memory_attention_hidden_size=64,
+                 memory_attention_feed_forward_hidden_size=128)
     torch.manual_seed(0)
-    return transformers.Sam2VideoModel(cfg).eval()
+    if family == "sam2_video":
+        model = transformers.Sam2VideoModel(transformers.Sam2VideoConfig(memory_attention_rope_feat_sizes=[4, 3],
+                                                                         **small))
+    else:
+        vit = dict(model_type="sam3_vit_model", num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                   num_attention_heads=2, global_attn_indexes=[1])
+        model = transformers.Sam3TrackerVideoModel(transformers.Sam3TrackerVideoConfig(
+            image_size=56, vision_config=dict(model_type="sam3_vision_model", backbone_config=vit), **small))
+    model.eval()
+    with torch.no_grad():  # attention sharper than at init, so that how each key is rotated moves the outputs
+        for layer in model.memory_attention.layers:
+            for attention in (layer.self_attn, layer.cross_attn_image):
+                attention.q_proj.weight.mul_(8)
+                attention.k_proj.weight.mul_(8)
+    return model
 
 
-def _memory_inputs(frames: int, pointers: int, seed: int):
-    """Random inputs of SAM 2's memory attention: 12 tokens of the current frame ([tokens, batch, 64]) and
-    the memory of ``frames`` frames of 12 tokens each, then ``pointers`` object-pointer tokens."""
+def _memory_inputs(frames: int, pointers: int, seed: int, n: int = 12):
+    """Random inputs of SAM 2's memory attention: ``n`` tokens of the current frame ([tokens, batch, 64]) and
+    the memory of ``frames`` frames of ``n`` tokens each, then ``pointers`` object-pointer tokens."""
     g = torch.Generator().manual_seed(seed)
-    n, batch = 12, 2
+    batch = 2
     current, current_pos = torch.randn(2, n, batch, 64, generator=g)
     memory, memory_pos = torch.randn(2, frames * n + pointers, batch, 64, generator=g)
     return dict(current_vision_features=current, memory=memory, current_vision_position_embeddings=current_pos,
@@ -1398,3 +1414,54 @@ def test_sam2_key_arguments_the_probe_does_not_prove_are_refused(monkeypatch):
                                         match="num_k_exclude_rope=3, repeat_freqs_k=True") as e:
         model.memory_attention(**inputs)
     assert "apply_rotary_pos_emb_2d" in str(e.value)
+
+
+@pytest.mark.parametrize("family,frames,pointers", [("sam2_video", 1, 0), ("sam2_video", 1, 4), ("sam2_video", 3, 0),
+                                                    ("sam2_video", 2, 5), ("sam2_video", 3, 16),
+                                                    ("sam3_tracker_video", 2, 5)])
+def test_sam2_video_memory_attention_matches_unpatched(family, frames, pointers):
+    """SAM 2's memory attention rotates its cross-attention keys with two more arguments of its rotation
+    (apply_rotary_pos_emb_2d): the last num_k_exclude_rope keys (object pointers) are not rotated, and
+    with repeat_freqs_k the keys of each memory frame take the current frame's positions. Patched, the
+    memory attention gives the unpatched outputs on random features, and unpatch restores them exactly."""
+    model = _sam2_video(family)
+    n = model.memory_attention.position_ids.shape[0]
+    inputs = _memory_inputs(frames, pointers, seed=frames * 10 + pointers, n=n)
+    with torch.no_grad():
+        want = model.memory_attention(**inputs)
+        moved = copy.deepcopy(model.memory_attention)
+        moved.position_ids = moved.position_ids.flip(0)
+        assert (moved(**inputs) - want).abs().max().item() > 1e-2  # the positions matter
+        hfi.patch(model)
+        assert "num_k_exclude_rope and repeat_freqs_k" in hfi.describe(model)
+        _assert_close_logits(model.memory_attention(**inputs), want)
+        hfi.unpatch(model)
+        assert torch.equal(model.memory_attention(**inputs), want)
+
+
+def test_sam2_rotation_of_keys_apart_as_transformers_does():
+    """The wrapped apply_rotary_pos_emb_2d against transformers' own on the rotary module's cos/sin, on
+    random q and k: every key excluded, keys of two frames with and without pointers; a k that is no
+    whole number of q's frames, or an exclusion past k's length, is refused naming the argument."""
+    from transformers.models.sam2_video import modeling_sam2_video as ms
+
+    model = _sam2_video()
+    rotary = copy.deepcopy(model.memory_attention.rotary_emb)
+    pos = model.memory_attention.position_ids
+    g = torch.Generator().manual_seed(8)
+    q = torch.randn(2, 1, 12, 64, generator=g)
+    cos, sin = rotary(q, pos)
+    hfi.patch(model)
+    h = model.memory_attention.rotary_emb(q, pos)[0]
+    for length, kw in ((5, dict(num_k_exclude_rope=5, repeat_freqs_k=True)), (24, dict(repeat_freqs_k=True)),
+                       (27, dict(num_k_exclude_rope=3, repeat_freqs_k=True)), (14, dict(num_k_exclude_rope=2)),
+                       (12, dict(num_k_exclude_rope=0, repeat_freqs_k=False))):
+        k = torch.randn(2, 1, length, 64, generator=g)
+        for a, b in zip(ms.apply_rotary_pos_emb_2d(q, k, h, h, **kw), ms.apply_rotary_pos_emb_2d(q, k, cos, sin, **kw)):
+            assert a.shape == b.shape, kw
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    k = torch.randn(2, 1, 20, 64, generator=g)
+    with pytest.raises(ValueError, match="repeat_freqs_k=True"):
+        ms.apply_rotary_pos_emb_2d(q, k, h, h, num_k_exclude_rope=2, repeat_freqs_k=True)  # 18 keys: 1.5 frames
+    with pytest.raises(ValueError, match="num_k_exclude_rope=21"):
+        ms.apply_rotary_pos_emb_2d(q, k, h, h, num_k_exclude_rope=21)

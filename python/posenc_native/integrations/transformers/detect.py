@@ -23,6 +23,9 @@ Qwen2.5-VL, Qwen3-VL) are swapped when :meth:`RopeConfig.from_hf` reads an MRoPE
 config: the probe then feeds rows that differ per axis, so the pair -> axis map is proven too. Vision
 towers' axial rotaries (``rope_type == "axial"``, ids ``[N, 2]``) have no config-readable layout: their
 table is read from the module itself (:func:`_axis_table`) and proven the same way (:func:`_probe_axial`).
+A function there that takes SAM 2's key arguments (:data:`.rotations.KEY_ARGUMENTS`: object-pointer keys
+left unrotated, memory frames at the current frame's positions) is run with them too
+(:func:`_proves_keys_apart`); its wrapper reads them only then, and refuses them otherwise.
 Refused: MRoPE modules without a layout from_hf reads, and forwards that index, negate, do arithmetic
 on or read an attribute of ``cos``/``sin`` (or the names they unpack ``position_embeddings`` into, or
 its items; or their own ``cos``/``sin`` parameters), or iterate over ``position_embeddings``,
@@ -52,8 +55,9 @@ from torch import nn
 from ..._rope_math import axis_inv_freq, axis_mask
 from ...config import RopeConfig
 from .families import PAIRINGS, Pairing
-from .rotations import RotationSpec, _deinterleave, is_function_module, original_of, signature_params
-from .runtime import _ERR, AxisTableRegime, Regime, UnsupportedModelError
+from .rotations import (KEY_ARGUMENTS, RotationSpec, _deinterleave, is_function_module, original_of,
+                        rotate_keys_apart, signature_params)
+from .runtime import _ERR, AxisTableRegime, Regime, RotaryPositions, UnsupportedModelError
 
 _PROBE_ATOL = 1e-4
 _ROTARY_FORWARDS = (("x", "position_ids"), ("x", "position_ids", "layer_type"))
@@ -649,8 +653,36 @@ def _probe_axial(fn: Callable, kind: str, params: tuple[str, ...], hf_rotary: nn
         return None
     wider = all(matches(layout, ud, r + 8) for (_, ud), layout in found.items())
     name = f"{pairing.name}, axial table, " + ", ".join(sorted(set(found.values())))
-    return dataclasses.replace(pairing, name=name + ("" if wider else ", rotated slice only"), rotary_only=not wider,
-                               layouts=tuple(sorted(found.items(), key=str)))
+    pairing = dataclasses.replace(pairing, name=name + ("" if wider else ", rotated slice only"), rotary_only=not wider,
+                                  layouts=tuple(sorted(found.items(), key=str)))
+    if (kind == "qk" and set(KEY_ARGUMENTS) <= set(params) and found.get((4, None)) == "bhsd"
+            and _proves_keys_apart(fn, tables, handle, pairing, r, g)):
+        pairing = dataclasses.replace(pairing, name=pairing.name + ", keys apart by num_k_exclude_rope and "
+                                      "repeat_freqs_k", key_arguments=KEY_ARGUMENTS)
+    return pairing
+
+
+def _proves_keys_apart(fn: Callable, tables: tuple, handle: RotaryPositions, pairing: Pairing, width: int,
+                       g: torch.Generator) -> bool:
+    """Whether ``fn`` does with :data:`.rotations.KEY_ARGUMENTS` what :func:`.rotations.rotate_keys_apart`
+    does (SAM 2's memory attention), on random ``[B, H, S, D]`` q and k: k of two memory frames and two
+    object pointers, of three frames, of one frame and three pointers, of pointers alone, and both at
+    their defaults."""
+    seq = handle.positions.shape[-1]
+    device = handle.positions.device
+    q = torch.randn(2, 2, seq, width, generator=g).to(device)
+    for exclude, repeat, length in ((2, True, 2 * seq + 2), (0, True, 3 * seq), (3, False, seq + 3), (4, True, 4),
+                                    (0, False, seq)):
+        k = torch.randn(2, 2, length, width, generator=g).to(device)
+        kw = dict(num_k_exclude_rope=exclude, repeat_freqs_k=repeat)
+        try:
+            theirs = fn(q, k, *tables, **kw)
+            ours = rotate_keys_apart(handle, q, k, pairing, "the probe", **kw)
+        except Exception:  # noqa: BLE001 - either refuses: not proven
+            return False
+        if not (isinstance(theirs, tuple) and len(theirs) == 2 and _same(ours, theirs)):
+            return False
+    return True
 
 
 def _same(ours: tuple, theirs: tuple) -> bool:

@@ -50,7 +50,10 @@ class Pairing:
     a q shorter than k, it rotates q at k's last positions (a drafter's block after its context:
     MuseGlimmer's ``cos[..., -q_len:, :]``). ``layouts``: for an axial vision table, whose ``[N, R]``
     cos/sin a function broadcasts its own way, the layout proven per (rank of q, the ``unsqueeze_dim``
-    passed or None), as pairs; None elsewhere."""
+    passed or None), as pairs; None elsewhere. ``key_arguments``: the parameters of
+    :data:`.rotations.KEY_ARGUMENTS` (SAM 2's keys rotated apart) the function was proven to take as
+    :func:`.rotations.rotate_keys_apart` does; the wrapper refuses any other parameter it does not read
+    at a value other than its default."""
 
     name: str
     interleaved: bool
@@ -60,6 +63,7 @@ class Pairing:
     inverse: bool = False  # turns by -angle (a rotate_half with the signs flipped: NanoChat)
     q_trailing: bool = False
     layouts: Optional[tuple[tuple[tuple[int, Optional[int]], str], ...]] = None
+    key_arguments: tuple[str, ...] = ()
 
 
 PAIRINGS = (

@@ -10,14 +10,16 @@ attention's ``forward`` instead would avoid touching globals but silently drift 
 transformers edits a forward. With the ``kernels`` package installed the global is a function
 module (:func:`is_function_module`): its ``forward`` is wrapped instead, the global left in place.
 
-The wrapper reads q and k (or x), the handle and ``unsqueeze_dim``. The probe ran the original with its
-other parameters at their defaults, so a call passing one of them at another value, or an argument the
-original does not take, is refused naming it, not rotated as if it were absent (:func:`_unread`).
+The wrapper reads q and k (or x), the handle and ``unsqueeze_dim``, and :data:`KEY_ARGUMENTS` where the
+probe proved what the function does with them. The probe ran the original with its other parameters at
+their defaults, so a call passing one of them at another value, or an argument the original does not
+take, is refused naming it, not rotated as if it were absent (:func:`_unread`).
 """
 from __future__ import annotations
 
 import functools
 import inspect
+import operator
 import sys
 import warnings
 from dataclasses import dataclass
@@ -63,6 +65,37 @@ def _deinterleave(x: torch.Tensor, rotary_dim: int) -> torch.Tensor:
     return torch.cat(parts, dim=-1)
 
 
+# SAM 2's memory attention rotates its cross-attention keys with two more arguments (apply_rotary_pos_emb_2d):
+# the last num_k_exclude_rope keys (object pointers) pass through, and with repeat_freqs_k a k longer than q
+# (several memory frames) takes q's positions once per frame. Read only for a function the probe proved to do
+# exactly what rotate_keys_apart does with them (Pairing.key_arguments); refused elsewhere, as any other.
+KEY_ARGUMENTS = ("num_k_exclude_rope", "repeat_freqs_k")
+
+
+def rotate_keys_apart(h: RotaryPositions, q: torch.Tensor, k: torch.Tensor, pairing, where: str,
+                      num_k_exclude_rope=0, repeat_freqs_k=False) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k ``[B, H, S, D]`` rotated at ``h``'s positions as SAM 2's ``apply_rotary_pos_emb_2d`` rotates
+    them: k's last ``num_k_exclude_rope`` keys as they are; with ``repeat_freqs_k``, the keys to rotate
+    at q's positions frame after frame. What transformers' slicing and broadcast make of other counts
+    (a k of no whole number of frames, an exclusion outside k) is refused. The wrapper runs this, and the
+    probe proves it against the function (:func:`.detect._proves_keys_apart`)."""
+    exclude, length = operator.index(num_k_exclude_rope), k.shape[-2]
+    if not 0 <= exclude <= length:
+        raise UnsupportedModelError(f"{_ERR}: {where} was called with num_k_exclude_rope={exclude} for a k of "
+                                    f"{length} keys; unpatch the model")
+    rotate = functools.partial(RotaryPositions.rotate, layout="bhsd", interleaved=pairing.interleaved,
+                               inverse=pairing.inverse)
+    q_out, n = rotate(h, q)[0], length - exclude
+    if n == 0:
+        return q_out, k.clone()  # (transformers: a new tensor, the keys unrotated)
+    if repeat_freqs_k and n != q.shape[-2]:
+        if n % q.shape[-2]:
+            raise UnsupportedModelError(f"{_ERR}: {where} was called with repeat_freqs_k=True and {n} keys to "
+                                        f"rotate, no whole number of frames of q's {q.shape[-2]}; unpatch the model")
+        h = h.tiled(n // q.shape[-2])
+    return q_out, torch.cat([rotate(h, k[..., :n, :])[0], k[..., n:, :]], dim=-2)
+
+
 def _shown(value) -> str:
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {tuple(value.shape)}"
@@ -102,23 +135,30 @@ def make_wrapper(original: Callable, spec: RotationSpec, key: tuple[str, str]) -
     hname = params[hi]
     ui = params.index("unsqueeze_dim") if "unsqueeze_dim" in params else None
     unread, names, positional = _unread(original, spec)
+    key_defaults = {name: default for name, _, default in unread if name in KEY_ARGUMENTS}
+    where = f"{key[0]}.{key[1]}"
 
     def arg(args, kwargs, i, default=None):
         return args[i] if len(args) > i else kwargs.get(params[i], default)
 
-    def refuse_unread(args, kwargs) -> None:
-        passed = []
+    def refuse_unread(args, kwargs, proven: tuple[str, ...]) -> dict:
+        """The arguments named in ``proven`` passed at other than their defaults; any other so passed, or
+        one the original does not take, is refused."""
+        passed, keys = [], {}
         for name, i, default in unread:
             value = args[i] if i is not None and len(args) > i else kwargs.get(name, default)
-            if not _at_default(value, default):
+            if name in proven:
+                keys[name] = value
+            elif not _at_default(value, default):
                 passed.append(f"{name}={_shown(value)}")
         passed += [f"positional argument {i + 1}={_shown(v)}" for i, v in enumerate(args[positional:], positional)]
         passed += [f"{name}={_shown(v)}" for name, v in kwargs.items() if name not in names]
         if passed:
             raise UnsupportedModelError(
-                f"{_ERR}: {key[0]}.{key[1]} was called with {', '.join(passed)}, which the fused rotation does not "
+                f"{_ERR}: {where} was called with {', '.join(passed)}, which the fused rotation does not "
                 "implement (proven at patch time with each parameter it does not read at its default, and "
                 "no other argument); unpatch the model")
+        return keys if any(not _at_default(v, key_defaults[name]) for name, v in keys.items()) else {}
 
     @functools.wraps(original, updated=())  # (a function module's __dict__ is its module state)
     def wrapper(*args, **kwargs):
@@ -131,8 +171,8 @@ def make_wrapper(original: Callable, spec: RotationSpec, key: tuple[str, str]) -
         if pairing is None:
             raise UnsupportedModelError(f"{_ERR}: {key[0]}.{key[1]} received rotary positions from a module "
                                         "it was not proven to match at patch time; unpatch the model")
-        if unread or len(args) > positional or (kwargs and not names.issuperset(kwargs)):
-            refuse_unread(args, kwargs)
+        keys = (refuse_unread(args, kwargs, pairing.key_arguments)
+                if unread or len(args) > positional or (kwargs and not names.issuperset(kwargs)) else None)
         interleaved, inverse = pairing.interleaved, pairing.inverse
         if pairing.rotary_only and arg(args, kwargs, 0).shape[-1] != 2 * h.inv_freq.shape[-1]:
             raise UnsupportedModelError(f"{_ERR}: {key[0]}.{key[1]} was proven only on inputs as wide as the "
@@ -157,6 +197,11 @@ def make_wrapper(original: Callable, spec: RotationSpec, key: tuple[str, str]) -
             out = h.rotate(arg(args, kwargs, 0), None, layout, interleaved, inverse)[0]
             return _deinterleave(out, 2 * h.inv_freq.shape[-1]) if pairing.deinterleave else out
         q, k = arg(args, kwargs, 0), arg(args, kwargs, 1)
+        if keys:  # proven as transformers calls it: [B, H, S, D]
+            if layout != "bhsd" or k is None:
+                raise UnsupportedModelError(f"{_ERR}: {where} was called with {', '.join(keys)} in a form not "
+                                            f"proven at patch time ({q.dim()}-D q, layout {layout}); unpatch the model")
+            return rotate_keys_apart(h, q, k, pairing, where, **keys)
         if pairing.q_trailing and layout == "bhsd" and k is not None and q.shape[2] < k.shape[2]:
             q_out = h.trailing(q.shape[2]).rotate(q, None, layout, interleaved, inverse)[0]
             k_out = h.rotate(k, None, layout, interleaved, inverse)[0]

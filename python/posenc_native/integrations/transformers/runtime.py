@@ -86,6 +86,13 @@ class RotaryPositions:
         return RotaryPositions(self.positions[..., self.positions.shape[-1] - n:], self.inv_freq, self.attention_factor,
                                self.interleaved, self.routes, self.pair_axes)
 
+    def tiled(self, n: int) -> "RotaryPositions":
+        """This handle with its positions ``n`` times over, one run after another (the keys of ``n`` memory
+        frames, each at the current frame's positions: SAM 2's ``repeat_freqs_k``)."""
+        pos = self.positions
+        return RotaryPositions(pos.repeat(*(1,) * (pos.dim() - 1), n), self.inv_freq, self.attention_factor,
+                               self.interleaved, self.routes, self.pair_axes)
+
     def to(self, device: Union[torch.device, str, torch.dtype, None] = None) -> "RotaryPositions":
         """This handle on ``device`` (itself when already there): what the complex-table attentions
         call on it (``position_embeddings.to(query_states.device)``), as on their ``freqs_cis``. A

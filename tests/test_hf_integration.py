@@ -1465,3 +1465,25 @@ def test_sam2_rotation_of_keys_apart_as_transformers_does():
         ms.apply_rotary_pos_emb_2d(q, k, h, h, num_k_exclude_rope=2, repeat_freqs_k=True)  # 18 keys: 1.5 frames
     with pytest.raises(ValueError, match="num_k_exclude_rope=21"):
         ms.apply_rotary_pos_emb_2d(q, k, h, h, num_k_exclude_rope=21)
+
+
+def test_patch_leaves_a_longrope_rotary_module_as_it_found_it():
+    """The probe runs the rotary module's own forward, whose LongRoPE update caches ``long_inv_freq`` on
+    the module (and copies into its ``inv_freq``): check(), describe() and patch() then unpatch() must
+    leave every module's attributes and buffers, and the config, exactly as they were."""
+    model = _model("phi3-longrope")
+
+    def state(m):
+        return ({name: (sorted(vars(mod)), {k: b.clone() for k, b in mod.named_buffers(recurse=False)})
+                 for name, mod in m.named_modules()}, m.config.to_json_string())
+
+    before = state(model)
+    for step in (hfi.check, hfi.describe, lambda m: hfi.unpatch(hfi.patch(m))):
+        step(model)
+        after = state(model)
+        assert after[1] == before[1], "the config changed"
+        for name, (keys, buffers) in before[0].items():
+            assert after[0][name][0] == keys, (name, set(after[0][name][0]) ^ set(keys))
+            assert all(torch.equal(b, after[0][name][1][k]) for k, b in buffers.items()), name
+    ids = _ids(2, 100)  # past original_max_position_embeddings: the long factors, as an untouched model's
+    _assert_close_logits(_logits(hfi.patch(model), ids), _logits(_model("phi3-longrope"), ids))

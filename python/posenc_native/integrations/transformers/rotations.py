@@ -142,23 +142,28 @@ def make_wrapper(original: Callable, spec: RotationSpec, key: tuple[str, str]) -
         return args[i] if len(args) > i else kwargs.get(params[i], default)
 
     def refuse_unread(args, kwargs, proven: tuple[str, ...]) -> dict:
-        """The arguments named in ``proven`` passed at other than their defaults; any other so passed, or
-        one the original does not take, is refused."""
+        """Every argument named in ``proven`` when one is passed at other than its default, else {}; any
+        other argument so passed, or one the original does not take, is refused. (Run on every call of a
+        function with such parameters: the all-defaults case builds nothing.)"""
         passed, keys = [], {}
         for name, i, default in unread:
             value = args[i] if i is not None and len(args) > i else kwargs.get(name, default)
+            if value is default or _at_default(value, default):
+                continue
             if name in proven:
                 keys[name] = value
-            elif not _at_default(value, default):
+            else:
                 passed.append(f"{name}={_shown(value)}")
-        passed += [f"positional argument {i + 1}={_shown(v)}" for i, v in enumerate(args[positional:], positional)]
-        passed += [f"{name}={_shown(v)}" for name, v in kwargs.items() if name not in names]
+        if len(args) > positional:
+            passed += [f"positional argument {i + 1}={_shown(v)}" for i, v in enumerate(args[positional:], positional)]
+        if kwargs:
+            passed += [f"{name}={_shown(v)}" for name, v in kwargs.items() if name not in names]
         if passed:
             raise UnsupportedModelError(
                 f"{_ERR}: {where} was called with {', '.join(passed)}, which the fused rotation does not "
                 "implement (proven at patch time with each parameter it does not read at its default, and "
                 "no other argument); unpatch the model")
-        return keys if any(not _at_default(v, key_defaults[name]) for name, v in keys.items()) else {}
+        return {**{name: key_defaults[name] for name in proven}, **keys} if keys else keys
 
     @functools.wraps(original, updated=())  # (a function module's __dict__ is its module state)
     def wrapper(*args, **kwargs):

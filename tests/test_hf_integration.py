@@ -432,6 +432,21 @@ def _wrapped(rotation) -> bool:
     return hasattr(target, "__posenc_original__")
 
 
+@pytest.mark.parametrize("kind", ["llama", "gptj", "phi3-longrope"])
+def test_patching_leaves_torch_random_state_as_it_was(kind):
+    """patch()'s probes draw their inputs from their own generators: a seeded run draws the same
+    numbers (dropout masks, sampled tokens) with or without patching before it."""
+    model = _model(kind)
+    torch.manual_seed(11)
+    want = torch.rand(4)
+    torch.manual_seed(11)
+    hfi.patch(model)
+    try:
+        assert torch.equal(torch.rand(4), want)
+    finally:
+        hfi.unpatch(model)
+
+
 def test_patch_twice_is_idempotent_and_unpatch_restores_globals():
     from transformers.models.gptj import modeling_gptj as mj
     from transformers.models.llama import modeling_llama as ml

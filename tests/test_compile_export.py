@@ -271,6 +271,61 @@ def test_compiled_inplace_rope_refuses_what_eager_refuses(case, grad, dynamic):
     assert torch.equal(buffer.detach(), before)  # refused before any write
 
 
+def test_compiled_inplace_rope_checks_memory_under_no_grad_with_a_parameter_inv_freq():
+    """A learnable inv_freq evaluated under no_grad: the copy-back path skipped its check for an
+    inv_freq that requires grad (which the rotation refuses only when autograd records it)."""
+    inv_freq = nn.Parameter(default_inv_freq(4))
+
+    def rotate(y: torch.Tensor) -> torch.Tensor:
+        posenc_native.apply_rope_(y[:, :-1], y[:, 1:], inv_freq=inv_freq)
+        return y * 2.0
+
+    buffer = torch.randn(2, 7, 3, 4)
+    before = buffer.clone()
+    with torch.no_grad():
+        for fn in (rotate, torch.compile(rotate, fullgraph=True, dynamic=True, backend="aot_eager")):
+            with pytest.raises(RuntimeError, match="q and k must not share memory"):
+                fn(buffer)
+    assert torch.equal(buffer, before)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_vmap_of_inplace_rope_on_fused_views(backend):
+    """torch.compile(vmap(f)) with dynamic shapes, f rotating q and k views of a fused qkv in place:
+    every slice as apply_rope gives it, gradients too; views that share memory across slices are
+    refused, the input unchanged. (The check op once had no vmap rule: torch's per-slice fallback
+    lost the symbolic shapes, and the retrace met rope_, which has none either.)"""
+    inv_freq = default_inv_freq(8)
+
+    def rotate(t: torch.Tensor) -> torch.Tensor:
+        t = t * 1.5
+        posenc_native.apply_rope_(t[:, :, 0], t[:, :, 1], inv_freq=inv_freq)
+        return t
+
+    leaf = torch.randn(3, 2, 5, 3, 2, 8, requires_grad=True)
+    weights = torch.randn(leaf.shape)
+    got = torch.compile(torch.func.vmap(rotate), backend=backend, fullgraph=True, dynamic=True)(leaf)
+    (got * weights).sum().backward()
+    want = [rotate(leaf[i]) for i in range(3)]
+    expected = torch.stack(want)
+    assert_matches(got, expected, "cpu")
+    grad, leaf.grad = leaf.grad, None
+    (expected * weights).sum().backward()
+    assert_matches(grad, leaf.grad, "cpu")
+
+    def across_slices(t: torch.Tensor) -> torch.Tensor:  # k of slice i is q of slice i + 1
+        posenc_native.apply_rope_(t[0], t[1], inv_freq=inv_freq)
+        return t * 2.0
+
+    buffer = torch.randn(4, 2, 5, 2, 8)
+    before = buffer.clone()
+    with pytest.raises(Exception) as refusal:
+        torch.compile(torch.func.vmap(across_slices, in_dims=1), backend=backend, fullgraph=True,
+                      dynamic=True)(buffer.unfold(0, 2, 1).movedim(-1, 0))
+    assert "share memory" in str(refusal.value)
+    assert torch.equal(buffer, before)
+
+
 class ModuleAttention(nn.Module):
     """RopeAttention with the rotation as a RotaryEmbedding submodule (whose __call__ is the decode
     fast path's C method: torch.compile and torch.export trace nn.Module.__call__ in its place)."""

@@ -490,8 +490,9 @@ def _rotate_and_copy_back(q: torch.Tensor, k: torch.Tensor, positions, cu_seqlen
     op, copied back, after the in-place op's checks of q and k's memory, which the copies would not
     make (q and k sharing an element: the second copy would overwrite the first). The check op
     returns a copy of inv_freq that the rotation reads, so no write of the graph comes before it.
-    (An inv_freq that wants a gradient is refused by the rotation, before any write, as in eager.)"""
-    if not inv_freq.requires_grad:
+    (An inv_freq that wants a gradient is refused by the rotation, before any write, as in eager;
+    one that requires grad under no_grad is checked as any other.)"""
+    if not _grad_wanted(inv_freq):
         inv_freq = torch.ops.posenc.rope_in_place_check(q.detach(), k.detach(), inv_freq)
     _copy_back(q, k, torch.ops.posenc.rope(q, k, positions, cu_seqlens, inv_freq, *rest))
 
@@ -635,6 +636,14 @@ for _rotation in ("rope", "rope_cos_sin"):
 @torch.library.register_fake("posenc::rope_in_place_check")
 def _rope_in_place_check_fake(q, k, inv_freq):
     return torch.empty_like(inv_freq)
+
+
+@torch.library.register_vmap("posenc::rope_in_place_check")
+def _rope_in_place_check_vmap(info, in_dims, q, k, inv_freq):
+    """The check on the tensors vmap stacks, whole: an element shared across slices counts too (the
+    per-slice fallback compared slice i of q with slice i of k only, and lost compiled code's
+    symbolic shapes)."""
+    return torch.ops.posenc.rope_in_place_check(q, k, inv_freq), in_dims[2]
 
 
 def _meta(t: torch.Tensor):

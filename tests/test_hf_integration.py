@@ -1364,6 +1364,11 @@ def test_arguments_of_the_original_the_wrapper_does_not_implement_are_refused(mo
         with pytest.raises(hfi.UnsupportedModelError, match=named) as e:
             call()
         assert "apply_rotary_pos_emb" in str(e.value) and "unpatch" in str(e.value)
+    # an argument passed both by position and by keyword: the original's TypeError, not the positional one read
+    for call in (lambda: ml.apply_rotary_pos_emb(q, k, h, h, 1, unsqueeze_dim=2),
+                 lambda: ml.apply_rotary_pos_emb(q, k, h, h, 1, 2.0, scale=1.0)):
+        with pytest.raises(TypeError, match="apply_rotary_pos_emb.. got multiple values for argument"):
+            call()
 
 
 def _sam2_video(family: str = "sam2_video"):

@@ -137,6 +137,7 @@ def make_wrapper(original: Callable, spec: RotationSpec, key: tuple[str, str]) -
     unread, names, positional = _unread(original, spec)
     key_defaults = {name: default for name, _, default in unread if name in KEY_ARGUMENTS}
     where = f"{key[0]}.{key[1]}"
+    position = {name: i for i, name in enumerate(params[:positional])}
 
     def arg(args, kwargs, i, default=None):
         return args[i] if len(args) > i else kwargs.get(params[i], default)
@@ -176,6 +177,9 @@ def make_wrapper(original: Callable, spec: RotationSpec, key: tuple[str, str]) -
         if pairing is None:
             raise UnsupportedModelError(f"{_ERR}: {key[0]}.{key[1]} received rotary positions from a module "
                                         "it was not proven to match at patch time; unpatch the model")
+        if kwargs and any(position.get(name, len(args)) < len(args) for name in kwargs):  # (as the original would)
+            name = next(name for name in kwargs if position.get(name, len(args)) < len(args))
+            raise TypeError(f"{key[1]}() got multiple values for argument '{name}'")
         keys = (refuse_unread(args, kwargs, pairing.key_arguments)
                 if unread or len(args) > positional or (kwargs and not names.issuperset(kwargs)) else None)
         interleaved, inverse = pairing.interleaved, pairing.inverse

@@ -1364,6 +1364,14 @@ def test_arguments_of_the_original_the_wrapper_does_not_implement_are_refused(mo
         with pytest.raises(hfi.UnsupportedModelError, match=named) as e:
             call()
         assert "apply_rotary_pos_emb" in str(e.value) and "unpatch" in str(e.value)
+    # unsqueeze_dim counted from the end, as torch's unsqueeze counts it; a bool is no dim (torch refuses it)
+    for ud, layout_q, layout_k in ((-3, q, k), (-2, q.transpose(1, 2), k.transpose(1, 2))):
+        want_q, want_k = original(layout_q, layout_k, *rotary(q, pos), unsqueeze_dim=ud)
+        got_q, got_k = ml.apply_rotary_pos_emb(layout_q, layout_k, h, h, unsqueeze_dim=ud)
+        torch.testing.assert_close(got_q, want_q, atol=1e-5, rtol=0)
+        torch.testing.assert_close(got_k, want_k, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="unsqueeze_dim=True is not supported"):
+        ml.apply_rotary_pos_emb(q, k, h, h, unsqueeze_dim=True)
     # an argument passed both by position and by keyword: the original's TypeError, not the positional one read
     for call in (lambda: ml.apply_rotary_pos_emb(q, k, h, h, 1, unsqueeze_dim=2),
                  lambda: ml.apply_rotary_pos_emb(q, k, h, h, 1, 2.0, scale=1.0)):

@@ -199,7 +199,8 @@ def make_wrapper(original: Callable, spec: RotationSpec, key: tuple[str, str]) -
                                             f"unsqueeze_dim={ud}, a form not proven at patch time; unpatch the model")
         else:
             ud = arg(args, kwargs, ui, 1) if ui is not None else 1
-            layout = _LAYOUTS.get(ud)
+            # (an int, not a bool; a negative one counts from the end, as the unsqueeze of the 3-D table does)
+            layout = _LAYOUTS.get(ud + 4 if ud < 0 else ud) if type(ud) is int else None
             if layout is None:
                 raise ValueError(f"{_ERR}: {key[1]} with unsqueeze_dim={ud} is not supported")
         if spec.kind == "x":

@@ -175,6 +175,16 @@ torch.library.register_vmap("posenc::sinusoidal_table", _table_vmap)
 torch.library.register_vmap("posenc::add_sinusoidal", _add_sinusoidal_vmap)
 
 
+def _rope_in_place_check_vmap(info, in_dims, q, k, inv_freq):
+    """The in-place rotation's memory check on the tensors vmap stacks, whole: an element shared
+    across slices counts too (torch's per-slice fallback compared slice i of q with slice i of k
+    only, and lost compiled code's symbolic shapes)."""
+    return torch.ops.posenc.rope_in_place_check(q, k, inv_freq), in_dims[2]
+
+
+torch.library.register_vmap("posenc::rope_in_place_check", _rope_in_place_check_vmap)
+
+
 def _plain(t: torch.Tensor) -> torch.Tensor:
     """The tensor under ``t``'s functorch wrappers (every vmapped slice of it together) and functional wrapper."""
     while True:

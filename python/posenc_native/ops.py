@@ -638,14 +638,6 @@ def _rope_in_place_check_fake(q, k, inv_freq):
     return torch.empty_like(inv_freq)
 
 
-@torch.library.register_vmap("posenc::rope_in_place_check")
-def _rope_in_place_check_vmap(info, in_dims, q, k, inv_freq):
-    """The check on the tensors vmap stacks, whole: an element shared across slices counts too (the
-    per-slice fallback compared slice i of q with slice i of k only, and lost compiled code's
-    symbolic shapes)."""
-    return torch.ops.posenc.rope_in_place_check(q, k, inv_freq), in_dims[2]
-
-
 def _meta(t: torch.Tensor):
     return t.shape, t.dtype, t.device
 

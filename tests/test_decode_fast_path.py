@@ -57,15 +57,12 @@ def kernel_way(request):
 
 
 def _refusals_on_both_paths(call, monkeypatch) -> list:
-    """The (type, message) of the error ``call()`` raises with the fast path on, then off (ops._FAST
-    None): a bad call must raise the same on both."""
-    errors = []
-    for fast in (ops._FAST, None):
-        monkeypatch.setattr(ops, "_FAST", fast)
-        with pytest.raises((TypeError, ValueError, RuntimeError)) as e:
-            call()
-        errors.append((type(e.value), str(e.value)))
-    monkeypatch.undo()
+    """The (type, message's first line) of the error ``call()`` raises with the fast path on, then
+    off (:func:`_both_paths`): a bad call must raise the same on both."""
+    errors, _ = _both_paths(monkeypatch, call)
+    for error in errors:
+        assert isinstance(error, tuple) and isinstance(error[0], type) and issubclass(
+            error[0], (TypeError, ValueError, RuntimeError)), f"not refused: {error!r}"
     return errors
 
 

@@ -626,7 +626,8 @@ def _register_rotation_fakes(name: str) -> None:
 
     @torch.library.register_fake(f"posenc::{name}_")
     def _in_place(*args):
-        _check_rope_fake(f"{name}_", args)
+        a = _check_rope_fake(f"{name}_", args)
+        _check_traced_views_apart(a.q, a.k)
 
 
 for _rotation in ("rope", "rope_cos_sin"):
@@ -635,7 +636,43 @@ for _rotation in ("rope", "rope_cos_sin"):
 
 @torch.library.register_fake("posenc::rope_in_place_check")
 def _rope_in_place_check_fake(q, k, inv_freq):
+    _check_traced_views_apart(q, k)
     return torch.empty_like(inv_freq)
+
+
+def _traced_value(v) -> Optional[int]:
+    """An int, or the value a symbol has in the call being traced (None for one with no such value)."""
+    if isinstance(v, int):
+        return v
+    hint = getattr(getattr(v, "node", None), "hint", None)
+    return None if hint is None else int(hint)
+
+
+def _check_traced_views_apart(q: torch.Tensor, k: torch.Tensor) -> None:
+    """The in-place op's memory checks on the fake q and k of a traced graph, where they are views of
+    one storage with a layout known while tracing: inductor may compute the views of an intermediate
+    it never materializes (a pointwise result) into separate buffers, which the checks at run time
+    then pass. The op's own exact test, on byte views of the same layout (whether two elements
+    coincide does not depend on their width) over a storage that is only an address: nothing is
+    allocated or read. A symbol in the layout takes its value in the call being traced: a refusal
+    refuses that call, as eager would (no graph is kept); a layout that passes is checked again at
+    run time, as every call is."""
+    if q.untyped_storage()._cdata != k.untyped_storage()._cdata or _address_only_storage is None:
+        return
+    layouts = [(tuple(map(_traced_value, t.shape)), tuple(map(_traced_value, t.stride())),
+                _traced_value(t.storage_offset())) for t in (q, k)]
+    if any(v is None for shape, stride, offset in layouts for v in (*shape, *stride, offset)) or \
+            any(0 in shape for shape, _, _ in layouts):
+        return  # (an unbacked symbol: at run time only; no element: nothing shared)
+    span = max(offset + sum((n - 1) * st for n, st in zip(shape, stride)) + 1 for shape, stride, offset in layouts)
+    with torch._subclasses.fake_tensor.unset_fake_temporarily():
+        storage = _address_only_storage(1 << 20, torch.device("cpu"), span)
+        views = [torch.empty(0, dtype=torch.uint8).set_(storage, offset, shape, stride) for shape, stride, offset in layouts]
+        torch.ops.posenc.rope_in_place_check(*views, torch.empty(0, dtype=torch.float64))
+
+
+# (data_ptr, device, nbytes) -> a storage that owns nothing at that address (torch's, for inductor)
+_address_only_storage = getattr(torch._C, "_construct_storage_from_data_pointer", None)
 
 
 def _meta(t: torch.Tensor):

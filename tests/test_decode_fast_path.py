@@ -967,6 +967,8 @@ def _bad_sinusoidal_calls():
         ("positions a list", lambda: pn.add_sinusoidal(x, [0, 1, 2])),
         ("positions + offset past the domain", lambda: pn.add_sinusoidal(x, torch.tensor([0, 1, 2 ** 48]), offset=1)),
         ("offset past the domain", lambda: pn.add_sinusoidal(x, offset=2 ** 50)),
+        ("offset past the domain, positions bringing the sum back",  # (in float64 the positions rounded first)
+         lambda: pn.add_sinusoidal(x, torch.tensor([2 ** 60 + 1, 2 ** 60 + 2, 2 ** 60 + 3]), offset=-2 ** 60)),
         ("offset past int64", lambda: pn.add_sinusoidal(x, offset=2 ** 63)),
         ("offset a float", lambda: pn.add_sinusoidal(x, offset=1.5)),
         ("offset a bool", lambda: pn.add_sinusoidal(x, offset=True)),

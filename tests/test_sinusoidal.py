@@ -231,6 +231,11 @@ def test_add_sinusoidal_offset_equals_shifted_positions(device):
     c = pn.add_sinusoidal(x, torch.arange(9, device=device), offset=123)
     assert torch.equal(a, b) and torch.equal(a, c)
     assert rel_err(a, reference.add_sinusoidal(x.double().cpu(), offset=123)) <= TOL[torch.float32]
+    # the raw op bounds the offset as the Python entry does: positions past 2^53 that an offset brought back
+    # into the domain rounded (in float64) before it was added, every row at one position
+    big = torch.tensor([2 ** 60 + 1, 2 ** 60 + 2, 2 ** 60 + 3] * 3, device=device)[:9]
+    with pytest.raises(RuntimeError, match=r"offset must lie in \[-2\^48, 2\^48\].*got -1152921504606846976"):
+        torch.ops.posenc.add_sinusoidal(x, big, 1.0, 10000.0, True, 0.0, 1.0, False, -2 ** 60)
 
 
 @pytest.mark.parametrize("device", DEVICES)

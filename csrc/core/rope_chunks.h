@@ -26,6 +26,14 @@ POSENC_HD Vec<T, V> load_vec(const T* p) {
 
 template <typename T, int V>
 POSENC_HD void store_vec(T* p, const Vec<T, V>& x) {
+#ifdef __CUDA_ARCH__
+  if constexpr (sizeof(Vec<T, V>) == sizeof(uint4)) {  // (assigned as a struct, nvcc stored it element by element)
+    uint4 bits;
+    memcpy(&bits, &x, sizeof bits);
+    __stwb(reinterpret_cast<uint4*>(p), bits);
+    return;
+  }
+#endif
   *reinterpret_cast<Vec<T, V>*>(p) = x;
 }
 

@@ -230,13 +230,13 @@ Tensor add_sinusoidal_op(const AddSinusoidalArgs& a, const Backend& backend) {
   POSENC_CHECK(dtype_of(x) == ScalarType::Double || std::abs(a.x_scale) <= std::numeric_limits<float>::max(), op,
                ": x_scale must be within float32's range (|x_scale| <= ", std::numeric_limits<float>::max(),
                ") for x of dtype ", dtype_of(x), ", whose rows are computed in float32; got ", a.x_scale);
+  SinusoidalProblem p;
+  p.params = sinusoidal_params(op, dim, a.base, a.interleaved, a.freq_shift, a.angle_scale, a.cos_first);
+  check_sinusoidal_domain(op, positions, seq, a.offset, p.params);
   // (so that positions + offset inside the domain are exact in float64, as the kernels add them:
   // a position past 2^53 brought back by an offset would round first)
   POSENC_CHECK(a.offset >= -kMaxPosition && a.offset <= kMaxPosition, op,
                ": offset must lie in [-2^48, 2^48] (the position domain), got ", a.offset);
-  SinusoidalProblem p;
-  p.params = sinusoidal_params(op, dim, a.base, a.interleaved, a.freq_shift, a.angle_scale, a.cos_first);
-  check_sinusoidal_domain(op, positions, seq, a.offset, p.params);
   Tensor out = new_rows_like(x);
   if (out.numel() == 0) return out;
   p.batch = batch;

@@ -273,6 +273,34 @@ def test_bias_backward_of_a_strided_gradient():
     assert got.abs().sum() > 0
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_bias_backward_sums_each_buckets_diagonals(device, bidirectional):
+    """The backward finds each bucket's diagonals by bisection (csrc/core/relative_bias.h,
+    BucketDiagonals): checked against a scatter-sum over the buckets t5_relative_position_bucket gives
+    every (query, key) pair, for bucket counts down to the smallest, max_distance just past the exact
+    distances, and offsets that put r = 0 before, inside and after the diagonals."""
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, ())))
+    counts = (4, 6, 10, 32) if bidirectional else (2, 3, 5, 32)
+    for num_buckets in counts:
+        exact = num_buckets // 2 // 2 if bidirectional else num_buckets // 2
+        for max_distance in (exact + 1, 20, 128):
+            for lq, lk, offset in [(9, 13, 0), (1, 300, 299), (40, 7, -60), (17, 25, 2 ** 40), (5, 40, -2 ** 40),
+                                   (30, 200, 100)]:
+                w = torch.randn(num_buckets, 3, dtype=torch.float64, generator=g).to(device).requires_grad_()
+                grad = torch.randn(1, 3, lq, lk, dtype=torch.float64, generator=g).to(device)
+                bias = pn.relative_position_bias(w, lq, lk, bidirectional=bidirectional, query_offset=offset,
+                                                 max_distance=max_distance)
+                got = torch.autograd.grad(bias, w, grad)[0]
+                r = torch.arange(lk)[None, :] - torch.arange(lq)[:, None] - offset
+                bucket = pn.t5_relative_position_bucket(r, bidirectional=bidirectional, num_buckets=num_buckets,
+                                                        max_distance=max_distance).to(device)
+                want = torch.zeros(num_buckets, 3, dtype=torch.float64, device=device)
+                want.index_add_(0, bucket.flatten(), grad[0].flatten(1).t())
+                torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12,
+                                           msg=lambda m: f"{num_buckets} {max_distance} {lq} {lk} {offset}: {m}")
+
+
 def test_gradcheck_and_gradgradcheck():
     w = torch.randn(16, 3, dtype=torch.float64, requires_grad=True)
     s = torch.rand(3, dtype=torch.float64, requires_grad=True)

@@ -155,27 +155,61 @@ POSENC_HD void diagonal_sum_item(const RelativeBiasGradProblem& p, int64_t w) {
   p.diagonal[w] = acc;
 }
 
-// The last stage, one output element per work item, diagonals ascending. T5: w = b * heads + h
-// sums the diagonals whose relative position falls in bucket b, in the gradient's dtype T (the
-// weight's). ALiBi: w = h sums diagonal * r, kept in float64: the slopes' dtype is not the bias's
-// (float32 slopes, an fp16 bias), and rounded to T first a sum past 65504 became inf in fp16.
+// First t in [lo, hi) where pred(t) holds, for a pred that is false and then true along [lo, hi)
+// (hi if it never holds).
+template <typename Pred>
+POSENC_HD int64_t first_where(int64_t lo, int64_t hi, Pred pred) {
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (pred(mid)) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo;
+}
+
+// Bucket b's diagonals, found by bisection rather than by bucketing every diagonal (a log each): the
+// bucket grows with the distance |r| on either side of r = 0, so it falls as t rises over the
+// diagonals with r <= 0 and rises over those with r > 0, and b's diagonals are one run on each side,
+// [lower, lower_end) and [upper, upper_end), one of them empty but for the decoder's bucket 0 (r >= 0).
+struct BucketDiagonals {
+  int64_t lower = 0, lower_end = 0, upper = 0, upper_end = 0;
+
+  POSENC_HD BucketDiagonals(const RelativeBiasGradProblem& p, int64_t b) {
+    const int64_t nd = p.diagonals();
+    const auto bucket = [&](int64_t t) { return p.t5.bucket(p.relative(t)); };
+    const int64_t split = first_where(0, nd, [&](int64_t t) { return p.relative(t) > 0; });
+    lower = first_where(0, split, [&](int64_t t) { return bucket(t) <= b; });
+    lower_end = first_where(lower, split, [&](int64_t t) { return bucket(t) < b; });
+    upper = first_where(split, nd, [&](int64_t t) { return bucket(t) >= b; });
+    upper_end = first_where(upper, nd, [&](int64_t t) { return bucket(t) > b; });
+  }
+};
+
+// T5's gradient of weight[b, h]: head h's sums of b's diagonals, ascending, rounded once to T (the weight's dtype).
+template <typename T>
+POSENC_HD void t5_grad_element(const RelativeBiasGradProblem& p, const BucketDiagonals& runs, int64_t b, int64_t h) {
+  const double* d = p.diagonal + h * p.diagonals();
+  double acc = 0;
+  for (int64_t t = runs.lower; t < runs.lower_end; ++t) acc += d[t];
+  for (int64_t t = runs.upper; t < runs.upper_end; ++t) acc += d[t];
+  static_cast<T*>(p.out)[b * p.heads + h] = from_math<T>(static_cast<math_t<T>>(acc));
+}
+
+// The last stage, one output element per work item (the GPU's). T5: w = b * heads + h. ALiBi: w = h
+// sums diagonal * r, kept in float64: the slopes' dtype is not the bias's (float32 slopes, an fp16
+// bias), and rounded to T first a sum past 65504 became inf in fp16.
 template <typename T>
 POSENC_HD void bias_grad_item(const RelativeBiasGradProblem& p, int64_t w) {
-  const int64_t nd = p.diagonals();
-  double acc = 0;
   if (p.kind == BiasKind::T5) {
-    const int64_t b = w / p.heads, h = w % p.heads;
-    const double* d = p.diagonal + h * nd;
-    for (int64_t t = 0; t < nd; ++t) {
-      if (p.t5.bucket(p.relative(t)) == b) acc += d[t];
-    }
-  } else {
-    const double* d = p.diagonal + w * nd;
-    for (int64_t t = 0; t < nd; ++t) acc += d[t] * static_cast<double>(p.relative(t));
-    static_cast<double*>(p.out)[w] = acc;
+    const int64_t b = w / p.heads;
+    t5_grad_element<T>(p, BucketDiagonals(p, b), b, w % p.heads);
     return;
   }
-  static_cast<T*>(p.out)[w] = from_math<T>(static_cast<math_t<T>>(acc));
+  const int64_t nd = p.diagonals();
+  const double* d = p.diagonal + w * nd;
+  double acc = 0;
+  for (int64_t t = 0; t < nd; ++t) acc += d[t] * static_cast<double>(p.relative(t));
+  static_cast<double*>(p.out)[w] = acc;
 }
 
 POSENC_HD int64_t bias_grad_items(const RelativeBiasGradProblem& p) {

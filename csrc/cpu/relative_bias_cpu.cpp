@@ -212,17 +212,11 @@ void run_grad_typed(const RelativeBiasGradProblem& p) {
       for (int64_t t = 0; t < nd; ++t) d[t] += src[t];
     }
   }
-  T* out = static_cast<T*>(p.out);
   if (p.kind == BiasKind::T5) {
-    // Each diagonal's bucket once; sums in diagonal order per (bucket, head), as bias_grad_item.
-    std::vector<int64_t> bucket(static_cast<size_t>(nd));
-    for (int64_t t = 0; t < nd; ++t) bucket[t] = p.t5.bucket(p.relative(t));
-    std::vector<double> acc(static_cast<size_t>(p.num_buckets * heads), 0.0);
-    for (int64_t h = 0; h < heads; ++h) {
-      const double* d = p.diagonal + h * nd;
-      for (int64_t t = 0; t < nd; ++t) acc[bucket[t] * heads + h] += d[t];
+    for (int64_t b = 0; b < p.num_buckets; ++b) {  // the GPU finds each bucket's runs per head
+      const BucketDiagonals runs(p, b);
+      for (int64_t h = 0; h < heads; ++h) t5_grad_element<T>(p, runs, b, h);
     }
-    for (size_t w = 0; w < acc.size(); ++w) out[w] = from_math<T>(static_cast<math_t<T>>(acc[w]));
   } else {
     for (int64_t h = 0; h < heads; ++h) bias_grad_item<T>(p, h);
   }

@@ -154,11 +154,13 @@ int main() {
     int64_t heads, lq, lk, offset;
   };
   const Shape shapes[] = {{1, 1, 1, 0}, {3, 7, 11, 0}, {4, 1, 300, 299}, {2, 40, 33, 5}, {5, 17, 200, -7},
-                          {1, 130, 2, 0}, {6, 64, 64, 1000}};
+                          {1, 130, 2, 0}, {6, 64, 64, 1000}, {2, 17, 25, int64_t{1} << 40},
+                          {2, 5, 40, -(int64_t{1} << 40)}};
   const struct {
     bool bidirectional;
     int64_t num_buckets, max_distance;
-  } configs[] = {{true, 32, 128}, {false, 32, 128}, {true, 34, 27}, {false, 7, 20}};
+  } configs[] = {{true, 32, 128}, {false, 32, 128}, {true, 34, 27}, {false, 7, 20},
+                 {true, 4, 2}, {false, 2, 2}, {false, 3, 3}};  // the fewest buckets, max_distance just past the exact ones
   for (const auto& s : shapes) {
     for (const auto& c : configs) {
       forward_case(BiasKind::T5, s.heads, s.lq, s.lk, s.offset, c.bidirectional, c.num_buckets, c.max_distance);

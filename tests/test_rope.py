@@ -505,6 +505,32 @@ def _preset_configs():
     return out
 
 
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a GPU")
+def test_cuda_cached_frequencies_outlive_a_read_queued_on_another_stream():
+    """Dynamic NTK caches a frequency tensor per sequence length and drops them all at the 17th. A
+    rotation queued on a second stream still reads its dropped tensor correctly: the cache recorded
+    that stream on it (_contexts.read_from_cache), so its block was not handed out again on the
+    stream that made it (which refills it at once here) before the read."""
+    cfg = pn.RopeConfig(head_dim=64, max_position_embeddings=8, scaling={"rope_type": "dynamic", "factor": 2.0})
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, ())))
+    q = torch.randn(1, 40, 2, 64, generator=gen)
+    k = torch.randn(1, 40, 1, 64, generator=gen)
+    want_q, want_k = pn.reference.apply_rope(q.double(), k.double(), config=cfg)  # length 40
+    q, k = q.cuda(), k.cuda()
+    pn.apply_rope(q, k, config=cfg)  # caches the length-40 frequencies, made on the default stream
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(1 << 28)  # about 0.1 s: the rotation below waits behind it
+        got_q, got_k = pn.apply_rope(q, k, config=cfg)
+    for n in range(41, 42 + cfg._frequencies.MAX_ENTRIES):  # new lengths: the cache drops the length-40 entry
+        pn.apply_rope(q[:, :1], k[:, :1], config=cfg, offset=n - 1)
+    junk = [torch.full((32,), math.nan, dtype=torch.float64, device="cuda") for _ in range(256)]
+    side.synchronize()
+    assert rel_err(got_q, want_q) <= TOL[torch.float32] and rel_err(got_k, want_k) <= TOL[torch.float32]
+    del junk
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name, cfg", _preset_configs(), ids=lambda v: v if isinstance(v, str) else "")
 @pytest.mark.parametrize("long", [False, True], ids=["short", "long"])

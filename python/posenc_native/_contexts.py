@@ -36,6 +36,24 @@ def for_the_cache():
     return torch.inference_mode(False)
 
 
+def read_from_cache(t: torch.Tensor, streams: set) -> torch.Tensor:
+    """A cached tensor, about to be read by work queued on the current stream. The caching allocator
+    hands a freed CUDA block out again at once on the stream that allocated it, so a cache that
+    drops a tensor while a read of it is still queued on another stream would let that read see the
+    block's next owner. Each other stream that reads a cached CUDA tensor is therefore recorded on it
+    once (``Tensor.record_stream``): whenever the cache drops it, the allocator holds its block until
+    the work queued on those streams by then is done. ``streams``: the entry's streams recorded so
+    far (raw stream handles). Not while compiling (dynamo cannot trace it; compiled code reads the
+    tensor as a graph input) nor in a context that is not plain (the cached tensor is not read on a
+    stream there)."""
+    if t.is_cuda and not torch.compiler.is_compiling():
+        stream = torch._C._cuda_getCurrentRawStream(t.get_device())
+        if stream not in streams and plain_context():
+            t.record_stream(torch.cuda.current_stream(t.device))
+            streams.add(stream)
+    return t
+
+
 _tracing_state = torch._C._get_tracing_state
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _NN_MODULE_FILE = torch.nn.modules.module.__file__

@@ -17,7 +17,8 @@ from ._functorch import check_copyable as _check_copyable, check_writable_apart 
 from ._functorch import transforms_active as _functorch_active
 from ._checks import check_bool as _check_bool, check_float as _check_float, check_int as _check_int
 from ._checks import check_tensor as _check_tensor
-from ._contexts import MODES_ACTIVE, for_the_cache, is_traced_int, plain_context, static_int, traced_int, tracing
+from ._contexts import (MODES_ACTIVE, for_the_cache, is_traced_int, plain_context, read_from_cache, static_int,
+                        traced_int, tracing)
 from ._contexts import untraced
 from ._contexts import warn_trace_keeps
 from ._forward_ad import linear_jvp
@@ -288,15 +289,15 @@ def _cached_axis_mask(section: tuple, interleaved: bool, device: torch.device) -
     key = (section, interleaved, device)
     # (compiled code makes the mask a graph constant: dynamo cannot trace plain_context's queries)
     plain = not torch.compiler.is_compiling() and plain_context()
-    mask = _AXIS_MASKS.get(key) if plain else None
-    if mask is None:
+    entry = _AXIS_MASKS.get(key) if plain else None
+    if entry is None:
         with untraced(), for_the_cache():  # a constant of a jit trace, as RopeConfig's frequencies
-            mask = axis_mask(mrope_pair_axes(section, interleaved), len(section), device)
+            entry = axis_mask(mrope_pair_axes(section, interleaved), len(section), device), set()
         if plain:
             masks = {} if len(_AXIS_MASKS) >= 64 else dict(_AXIS_MASKS)
-            masks[key] = mask
+            masks[key] = entry
             _AXIS_MASKS = masks
-    return mask
+    return read_from_cache(*entry)
 
 
 # Decode fast path (issue 9; docs/architecture.md, section 2.1). At decode a call rotates a

@@ -8,7 +8,7 @@ from typing import Any, Hashable, Mapping, Optional, Sequence, Union
 
 import torch
 
-from .._contexts import for_the_cache, plain_context, untraced
+from .._contexts import for_the_cache, plain_context, read_from_cache, untraced
 from .._locks import ForkSafeLock
 from .._rope_math import axis_inv_freq, axis_mask, mrope_pair_axes
 from .scheme import RopeScaling, scaling_from_dict, scheme_class
@@ -65,27 +65,31 @@ class DeviceFrequencies:
     def _cached(self, device: torch.device, seq_len: Optional[int], axes: bool) -> torch.Tensor:
         cfg = self._config()
         key = (device, cfg.scaling.regime(cfg, seq_len) if cfg.needs_seq_len else None, axes)
-        t = self._entries.get(key)
-        if t is None:
-            t = self._compute(device, seq_len, axes) if torch.compiler.is_compiling() else self._fill(key, device, seq_len, axes)
-        return t
+        entry = self._entries.get(key)
+        if entry is None:
+            if torch.compiler.is_compiling():
+                return self._compute(device, seq_len, axes)
+            entry = self._fill(key, device, seq_len, axes)
+        return read_from_cache(*entry)
 
-    def _fill(self, key: Hashable, device: torch.device, seq_len: Optional[int], axes: bool) -> torch.Tensor:
+    def _fill(self, key: Hashable, device: torch.device, seq_len: Optional[int], axes: bool) -> tuple:
+        """The entry of key: (tensor, the streams recorded on it; _contexts.read_from_cache)."""
         if not plain_context():  # a FakeTensor or a transform's wrapper must not outlive its context
-            return self._make(device, seq_len, axes)
+            return self._make(device, seq_len, axes), set()
         with self._lock:
-            t = self._entries.get(key)
-            if t is None:
+            entry = self._entries.get(key)
+            if entry is None:
                 t = self._make(device, seq_len, axes)
+                entry = (t, set())
                 entries = {} if len(self._entries) >= self.MAX_ENTRIES else dict(self._entries)
-                entries[key] = t
+                entries[key] = entry
                 self._entries = entries
                 cfg = self._config()
                 # (the ops' form only: an axis layout's 2-D frequencies, not its 1-D inv_freq_on)
                 if (device.type == "cpu" and device.index is None and not cfg.needs_seq_len
                         and axes == (cfg._pair_axes is not None)):
-                    self.cpu_plain = (t, cfg.attention_factor, cfg.interleaved, cfg.head_dim)
-            return t
+                    self.cpu_plain = (entry[0], cfg.attention_factor, cfg.interleaved, cfg.head_dim)
+            return entry
 
     def _make(self, device: torch.device, seq_len: Optional[int], axes: bool) -> torch.Tensor:
         with untraced(), for_the_cache():  # (jit.trace: a constant, the same for every trace that reads the cache)

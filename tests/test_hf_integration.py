@@ -12,6 +12,7 @@ import pickle
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import numpy as np
 import pytest
 import torch
 
@@ -1365,7 +1366,9 @@ def test_arguments_of_the_original_the_wrapper_does_not_implement_are_refused(mo
             call()
         assert "apply_rotary_pos_emb" in str(e.value) and "unpatch" in str(e.value)
     # unsqueeze_dim counted from the end, as torch's unsqueeze counts it; a bool is no dim (torch refuses it)
-    for ud, layout_q, layout_k in ((-3, q, k), (-2, q.transpose(1, 2), k.transpose(1, 2))):
+    # (numpy's integers too, which torch's unsqueeze takes)
+    for ud, layout_q, layout_k in ((-3, q, k), (-2, q.transpose(1, 2), k.transpose(1, 2)),
+                                   (np.int64(2), q.transpose(1, 2), k.transpose(1, 2))):
         want_q, want_k = original(layout_q, layout_k, *rotary(q, pos), unsqueeze_dim=ud)
         got_q, got_k = ml.apply_rotary_pos_emb(layout_q, layout_k, h, h, unsqueeze_dim=ud)
         torch.testing.assert_close(got_q, want_q, atol=1e-5, rtol=0)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import numbers
 import operator
 import sys
 import warnings
@@ -175,7 +176,7 @@ def make_wrapper(original: Callable, spec: RotationSpec, key: tuple[str, str]) -
             return original(*args, **kwargs)
         pairing = h.routes.get(key)
         if pairing is None:
-            raise UnsupportedModelError(f"{_ERR}: {key[0]}.{key[1]} received rotary positions from a module "
+            raise UnsupportedModelError(f"{_ERR}: {where} received rotary positions from a module "
                                         "it was not proven to match at patch time; unpatch the model")
         if kwargs and any(position.get(name, len(args)) < len(args) for name in kwargs):  # (as the original would)
             name = next(name for name in kwargs if position.get(name, len(args)) < len(args))
@@ -184,7 +185,7 @@ def make_wrapper(original: Callable, spec: RotationSpec, key: tuple[str, str]) -
                 if unread or len(args) > positional or (kwargs and not names.issuperset(kwargs)) else None)
         interleaved, inverse = pairing.interleaved, pairing.inverse
         if pairing.rotary_only and arg(args, kwargs, 0).shape[-1] != 2 * h.inv_freq.shape[-1]:
-            raise UnsupportedModelError(f"{_ERR}: {key[0]}.{key[1]} was proven only on inputs as wide as the "
+            raise UnsupportedModelError(f"{_ERR}: {where} was proven only on inputs as wide as the "
                                         "rotated part; got a wider one; unpatch the model")
         if spec.kind == "gptj":
             return h.rotate(arg(args, kwargs, 0), None, "bshd", interleaved, inverse)[0]
@@ -195,12 +196,14 @@ def make_wrapper(original: Callable, spec: RotationSpec, key: tuple[str, str]) -
             ud = arg(args, kwargs, ui) if ui is not None else None
             layout = dict(pairing.layouts).get((x.dim(), ud))
             if layout is None:
-                raise UnsupportedModelError(f"{_ERR}: {key[0]}.{key[1]} was called with a {x.dim()}-D q and "
+                raise UnsupportedModelError(f"{_ERR}: {where} was called with a {x.dim()}-D q and "
                                             f"unsqueeze_dim={ud}, a form not proven at patch time; unpatch the model")
         else:
             ud = arg(args, kwargs, ui, 1) if ui is not None else 1
-            # (an int, not a bool; a negative one counts from the end, as the unsqueeze of the 3-D table does)
-            layout = _LAYOUTS.get(ud + 4 if ud < 0 else ud) if type(ud) is int else None
+            # (an integer (numpy's too), not a bool; a negative one counts from the end, as the unsqueeze of
+            # the 3-D table does)
+            integer = isinstance(ud, numbers.Integral) and not isinstance(ud, bool)
+            layout = _LAYOUTS.get(int(ud) + 4 if ud < 0 else int(ud)) if integer else None
             if layout is None:
                 raise ValueError(f"{_ERR}: {key[1]} with unsqueeze_dim={ud} is not supported")
         if spec.kind == "x":

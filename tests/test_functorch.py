@@ -327,7 +327,16 @@ def test_in_place_rope_under_vmap_and_grad():
     _check(got, _reference_grad(lambda x: reference.apply_rope(x, None, pos, cfg)[0], q[0], w))
 
 
-@pytest.mark.parametrize("case", ["q and k overlap", "expanded k", "captured k, vmapped positions", "captured k, grad"])
+def _rotate_views_of(x: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """apply_rope_ of two overlapping views of a copy of x [B, S + 1, H, D] with inv_freq (what the
+    refusal test differentiates with respect to inv_freq)."""
+    t = x.clone()
+    pn.apply_rope_(t[:, :S], t[:, 1:], _positions(S, seed=41), inv_freq=inv_freq)
+    return t
+
+
+@pytest.mark.parametrize("case", ["q and k overlap", "q and k overlap, grad", "q and k overlap, grad of inv_freq",
+                                  "expanded k", "captured k, vmapped positions", "captured k, grad"])
 def test_in_place_rope_under_a_transform_refused_before_any_write(case):
     """What eager apply_rope_ refuses (q and k sharing memory, an expanded k), and what torch.func
     cannot write back (a k outside the transform whose rotation varies with it), are refused under a
@@ -339,6 +348,12 @@ def test_in_place_rope_under_a_transform_refused_before_any_write(case):
     calls = {
         "q and k overlap": (lambda: torch.func.vmap(lambda t: pn.apply_rope_(t[:, :S], t[:, 1:], pos, config=cfg))(x),
                             "q and k must not share memory"),
+        "q and k overlap, grad": (lambda: torch.func.grad(lambda t: pn.apply_rope_(t[:, :S], t[:, 1:], pos,
+                                                                                   config=cfg)[0].sum())(x[0] * 1.0),
+                                  "q and k must not share memory"),
+        # (inv_freq wanting a gradient is not threaded through the check, which then takes none)
+        "q and k overlap, grad of inv_freq": (lambda: torch.func.grad(lambda f: _rotate_views_of(x[0], f).sum())(
+            cfg.inv_freq()), "q and k must not share memory"),
         "expanded k": (lambda: torch.func.vmap(lambda a: pn.apply_rope_(a, k[:, :, :1].expand(B, S, KV, D), pos,
                                                                         config=cfg))(q), "k must not have elements that share"),
         "captured k, vmapped positions": (lambda: torch.func.vmap(lambda a, p: pn.apply_rope_(a, k, p, config=cfg))(

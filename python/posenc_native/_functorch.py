@@ -185,7 +185,7 @@ def _rope_in_place_check_vmap(info, in_dims, q, k, inv_freq):
 torch.library.register_vmap("posenc::rope_in_place_check", _rope_in_place_check_vmap)
 
 
-def _plain(t: torch.Tensor) -> torch.Tensor:
+def plain(t: torch.Tensor) -> torch.Tensor:
     """The tensor under ``t``'s functorch wrappers (every vmapped slice of it together) and functional wrapper."""
     while True:
         if torch._C._functorch.is_functorch_wrapped_tensor(t):
@@ -194,16 +194,6 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
             t = torch._from_functional_tensor(t)
         else:
             return t
-
-
-def check_writable_apart(q: torch.Tensor, k: torch.Tensor) -> None:
-    """Under a transform the in-place rotation is the out-of-place op copied back into q, then k
-    (``ops._rope``): checked first, as the op checks in eager, so that nothing is written when one
-    copy would fail or the second would overwrite the first. The op's own test, exact, on the
-    tensors the transform wraps (an expanded or self-overlapping q or k, q and k sharing an element;
-    views of one fused qkv buffer with interleaved rows pass, as in eager)."""
-    q, k = _plain(q), _plain(k)
-    torch.ops.posenc.rope_in_place_check(q, k, q.new_empty(0, dtype=torch.float64))
 
 
 def check_copyable(op: str, **pairs: tuple[torch.Tensor, torch.Tensor]) -> None:

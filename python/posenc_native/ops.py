@@ -13,7 +13,7 @@ import torch
 from . import _fx, _library
 from ._functorch import autograd_skipped as _autograd_skipped, dispatch as _dispatch, grad_wanted as _grad_wanted
 from ._functorch import register_autograd as _register_autograd
-from ._functorch import check_copyable as _check_copyable, check_writable_apart as _check_writable_apart
+from ._functorch import check_copyable as _check_copyable, plain as _plain
 from ._functorch import transforms_active as _functorch_active
 from ._checks import check_bool as _check_bool, check_float as _check_float, check_int as _check_int
 from ._checks import check_tensor as _check_tensor
@@ -445,10 +445,7 @@ def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, i
             q_out, k_out = _dispatch("rope", *args)
         return q_out, (k_out if k is not None else None)
     if _functorch_active():  # the in-place op has no torch.func rule: the out-of-place one, copied back
-        _check_writable_apart(q, k_arg)
-        rotated = _dispatch("rope", *args)
-        _check_copyable("posenc.rope_", q=(q, rotated[0]), k=(k_arg, rotated[1]))  # (before the first copy)
-        _copy_back(q, k_arg, rotated)
+        _rotate_and_copy_back(*args)
     elif torch.compiler.is_compiling():
         if _grad_wanted(q, k_arg, inv_freq):
             # the in-place op's autograd (a Python kernel) traced by AOTAutograd gave rotated views
@@ -487,15 +484,25 @@ def _rope_in_place_compiled(q: torch.Tensor, k: torch.Tensor, *rest) -> torch.Te
 
 def _rotate_and_copy_back(q: torch.Tensor, k: torch.Tensor, positions, cu_seqlens, inv_freq: torch.Tensor,
                           *rest) -> None:
-    """Compiled in-place rotation where the in-place op cannot run (or runs wrong): the out-of-place
+    """The in-place rotation where the in-place op cannot run (under a torch.func transform: it has
+    no rule there) or runs wrong (compiled: ``_rope``, ``_rope_in_place_compiled``): the out-of-place
     op, copied back, after the in-place op's checks of q and k's memory, which the copies would not
     make (q and k sharing an element: the second copy would overwrite the first). The check op
-    returns a copy of inv_freq that the rotation reads, so no write of the graph comes before it.
-    (An inv_freq that wants a gradient is refused by the rotation, before any write, as in eager;
-    one that requires grad under no_grad is checked as any other.)"""
-    if not _grad_wanted(inv_freq):
+    returns a copy of inv_freq that the rotation reads, so that no write of a compiled graph comes
+    before it. Under a transform (eager: its ops run as called) the check is of the tensors under
+    the transform's wrappers, every vmapped slice together (through the op's vmap rule a vmapped
+    call took twice as long). An inv_freq that wants a gradient is not threaded through (its copy
+    would not carry it; the rotation refuses it compiled, before any write, as in eager)."""
+    transformed = _functorch_active()
+    if transformed:
+        plain_q = _plain(q)
+        torch.ops.posenc.rope_in_place_check(plain_q, _plain(k), plain_q.new_empty(0, dtype=torch.float64))
+    elif not _grad_wanted(inv_freq):
         inv_freq = torch.ops.posenc.rope_in_place_check(q.detach(), k.detach(), inv_freq)
-    _copy_back(q, k, torch.ops.posenc.rope(q, k, positions, cu_seqlens, inv_freq, *rest))
+    rotated = _dispatch("rope", q, k, positions, cu_seqlens, inv_freq, *rest)
+    if transformed:  # (before the first copy)
+        _check_copyable("posenc.rope_", q=(q, rotated[0]), k=(k, rotated[1]))
+    _copy_back(q, k, rotated)
 
 
 def _copy_back(q: torch.Tensor, k: torch.Tensor, rotated: tuple[torch.Tensor, torch.Tensor]) -> None:

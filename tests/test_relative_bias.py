@@ -696,6 +696,8 @@ def _bad_cases():
          "= [1, 4, 4, 576460752303423488] of BFloat16 has more than 2^63 bytes"),
         (lambda: pn.t5_relative_position_bucket(rp.float()), "relative_position must be int32 or int64"),
         (lambda: pn.t5_relative_position_bucket(rp, num_buckets=3), "num_buckets must be even"),
+        (lambda: pn.t5_relative_position_bucket(rp, num_buckets=1026), "num_buckets must be <= 1024 (T5 uses 32)"),
+        (lambda: T5(torch.randn(2048, 4), 4, 4, bidirectional=False), "num_buckets must be <= 1024"),
         (lambda: pn.t5_relative_position_bucket(rp, max_distance=1), "max_distance must be > 8"),
         (lambda: torch.ops.posenc.relative_position_bias_backward(torch.randn(4, 9, 9), True, 32, 128, 0),
          "grad must be [1, heads, query_length, key_length]"),
@@ -799,6 +801,30 @@ def test_bench_bias_quick_runs():
                      f"decode T5RelativePositionBias H=4 1x256 {dtype}", f"decode ALiBi module H=4 1x256 {dtype}"):
             assert name in out, out
     assert "goals met" in out
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_the_most_buckets_allowed_are_the_exact_ones(bidirectional):
+    """1024 buckets, the most the ops take (float64's error margin grows with the square of the count:
+    at 2^27 a distance got the bucket above): every distance through the log-spaced buckets as the
+    exact integer reference gives it, forward and backward."""
+    per = 512 if bidirectional else 1024
+    max_distance = per // 2 + 24
+    rp = torch.arange(-max_distance - 3, max_distance + 4)
+    kw = dict(bidirectional=bidirectional, num_buckets=1024, max_distance=max_distance)
+    want = reference.t5_relative_position_bucket(rp, **kw)
+    assert want.unique().numel() > 24  # past the exact distances: log-spaced buckets
+    assert torch.equal(pn.t5_relative_position_bucket(rp, **kw), want)
+    weight = torch.randn(1024, 2, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(1, 2, 5, rp.numel(), dtype=torch.float64)
+    offset = -int(rp[0]) - 2  # the five query rows see every distance of rp
+    got = pn.relative_position_bias(weight, 5, rp.numel(), bidirectional=bidirectional, max_distance=max_distance,
+                                    query_offset=offset)
+    want = reference.relative_position_bias(weight, 5, rp.numel(), bidirectional=bidirectional,
+                                            max_distance=max_distance, query_offset=offset)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got, weight, grad)[0], torch.autograd.grad(want, weight, grad)[0],
+                               rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("num_buckets,max_distance,relative,exact", [(128, 16463, -13545, 62), (64, 61179, -36534, 30)])

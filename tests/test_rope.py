@@ -1,6 +1,7 @@
 """Fused RoPE ops against an independent float64 rotation written here from the formulas."""
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import subprocess
@@ -506,7 +507,8 @@ def _preset_configs():
 
 
 @pytest.mark.skipif("cuda" not in DEVICES, reason="needs a GPU")
-def test_cuda_cached_frequencies_outlive_a_read_queued_on_another_stream():
+@pytest.mark.parametrize("context", ["plain", "torch.device"])
+def test_cuda_cached_frequencies_outlive_a_read_queued_on_another_stream(context):
     """Dynamic NTK caches a frequency tensor per sequence length and drops them all at the 17th. A
     rotation queued on a second stream still reads its dropped tensor correctly: the cache recorded
     that stream on it (_contexts.read_from_cache), so its block was not handed out again on the
@@ -520,9 +522,9 @@ def test_cuda_cached_frequencies_outlive_a_read_queued_on_another_stream():
     pn.apply_rope(q, k, config=cfg)  # caches the length-40 frequencies, made on the default stream
     torch.cuda.synchronize()
     side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
+    with torch.cuda.stream(side), (torch.device("cuda") if context == "torch.device" else contextlib.nullcontext()):
         torch.cuda._sleep(1 << 28)  # about 0.1 s: the rotation below waits behind it
-        got_q, got_k = pn.apply_rope(q, k, config=cfg)
+        got_q, got_k = pn.apply_rope(q, k, config=cfg)  # (a torch.device block: a torch function mode)
     for n in range(41, 42 + cfg._frequencies.MAX_ENTRIES):  # new lengths: the cache drops the length-40 entry
         pn.apply_rope(q[:, :1], k[:, :1], config=cfg, offset=n - 1)
     junk = [torch.full((32,), math.nan, dtype=torch.float64, device="cuda") for _ in range(256)]

@@ -8,6 +8,7 @@ namespace {
 
 // Offsets this large would overflow j - i - query_offset; no sequence comes near.
 constexpr int64_t kMaxOffset = int64_t{1} << 60;
+constexpr int64_t kMaxBuckets = 1024;  // (t5_bucketing says why)
 
 void check_lengths(const char* op, int64_t query_length, int64_t key_length, int64_t query_offset) {
   POSENC_CHECK(query_length >= 0, op, ": query_length must be >= 0, got ", query_length);
@@ -19,13 +20,18 @@ void check_lengths(const char* op, int64_t query_length, int64_t key_length, int
 
 // T5's bucketing parameters. Each direction needs >= 1 exact bucket (num_buckets >= 2, >= 4 when
 // bidirectional) and max_distance past the exact buckets (else the log-spaced formula divides by
-// log(max_distance / max_exact) <= 0).
+// log(max_distance / max_exact) <= 0). At most 1024 buckets: T5Bucketing::bucket's margin (float64's
+// error bound, which grows with the square of the count) stays below 6e-11, well under the distances
+// below an integer tests/test_relative_bias.py pins (3e-10, 8e-10); at 2^27 buckets it reached a
+// whole bucket (distance 2^26 got the bucket above).
 T5Bucketing t5_bucketing(const char* op, bool bidirectional, int64_t num_buckets, int64_t max_distance) {
   POSENC_CHECK(!bidirectional || num_buckets % 2 == 0, op,
               ": num_buckets must be even when bidirectional (half the buckets for each direction), got ", num_buckets);
   const int64_t least = bidirectional ? 4 : 2;
   POSENC_CHECK(num_buckets >= least, op, ": num_buckets must be >= ", least, bidirectional ? " when bidirectional" : "",
               ", got ", num_buckets);
+  POSENC_CHECK(num_buckets <= kMaxBuckets, op, ": num_buckets must be <= ", kMaxBuckets, " (T5 uses 32), got ",
+               num_buckets);
   T5Bucketing t;
   t.bidirectional = bidirectional;
   t.buckets = bidirectional ? num_buckets / 2 : num_buckets;

@@ -43,13 +43,15 @@ def read_from_cache(t: torch.Tensor, streams: set) -> torch.Tensor:
     block's next owner. Each other stream that reads a cached CUDA tensor is therefore recorded on it
     once (``Tensor.record_stream``): whenever the cache drops it, the allocator holds its block until
     the work queued on those streams by then is done. ``streams``: the entry's streams recorded so
-    far (raw stream handles). Not while compiling (dynamo cannot trace it; compiled code reads the
-    tensor as a graph input) nor in a context that is not plain (the cached tensor is not read on a
-    stream there)."""
+    far (raw stream handles). In any context (a ``torch.device`` block, a transform or a dispatch mode
+    still runs kernels), with the interception paused for the record itself (a FakeTensorMode would
+    refuse the real tensor, a jit trace would keep the call); not while compiling (dynamo cannot
+    trace it; compiled code reads the tensor as a graph input)."""
     if t.is_cuda and not torch.compiler.is_compiling():
         stream = torch._C._cuda_getCurrentRawStream(t.get_device())
-        if stream not in streams and plain_context():
-            t.record_stream(torch.cuda.current_stream(t.device))
+        if stream not in streams:
+            with untraced(), torch._C._DisableTorchDispatch(), torch._C.DisableTorchFunction():
+                t.record_stream(torch.cuda.current_stream(t.device))
             streams.add(stream)
     return t
 

@@ -60,7 +60,7 @@ def t5_relative_position_bucket(relative_position: torch.Tensor, *, bidirectiona
     Args:
         relative_position: int32 or int64 tensor of any shape.
         bidirectional: False for T5's decoder self-attention.
-        num_buckets: even when bidirectional; >= 4 (bidirectional) or >= 2.
+        num_buckets: even when bidirectional; >= 4 (bidirectional) or >= 2; <= 1024.
         max_distance: > the number of exact distances.
 
     Returns an int64 tensor of the same shape.

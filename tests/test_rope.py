@@ -533,6 +533,23 @@ def test_cuda_cached_frequencies_outlive_a_read_queued_on_another_stream(context
     del junk
 
 
+def test_fake_cuda_tensors_trace_on_any_machine():
+    """Tracing for a GPU with fake CUDA tensors (as torch.export does for a GPU target, on a machine
+    that may have none): the frequencies made for the trace are not cached, and nothing asks the
+    CUDA runtime for a stream (the cache's stream record once did, and failed without a GPU)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    cfg = pn.RopeConfig(head_dim=16, max_position_embeddings=8, scaling={"rope_type": "dynamic", "factor": 2.0})
+    with FakeTensorMode():
+        q = torch.empty(2, 12, 2, 16, device="cuda")
+        k = torch.empty(2, 12, 1, 16, device="cuda")
+        for kw in (dict(config=cfg), dict(inv_freq=torch.ones(8, dtype=torch.float64, device="cuda"),
+                                          mrope_section=(3, 3, 2))):
+            q_out, k_out = pn.apply_rope(q, k, **kw)
+            assert q_out.device.type == "cuda" and q_out.shape == q.shape and k_out.shape == k.shape
+    assert not cfg._frequencies._entries
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name, cfg", _preset_configs(), ids=lambda v: v if isinstance(v, str) else "")
 @pytest.mark.parametrize("long", [False, True], ids=["short", "long"])

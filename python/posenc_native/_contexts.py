@@ -13,7 +13,7 @@ import contextlib
 import os
 import sys
 import warnings
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 
@@ -36,18 +36,19 @@ def for_the_cache():
     return torch.inference_mode(False)
 
 
-def read_from_cache(t: torch.Tensor, streams: set) -> torch.Tensor:
+def read_from_cache(t: torch.Tensor, streams: Optional[set]) -> torch.Tensor:
     """A cached tensor, about to be read by work queued on the current stream. The caching allocator
     hands a freed CUDA block out again at once on the stream that allocated it, so a cache that
     drops a tensor while a read of it is still queued on another stream would let that read see the
     block's next owner. Each other stream that reads a cached CUDA tensor is therefore recorded on it
     once (``Tensor.record_stream``): whenever the cache drops it, the allocator holds its block until
     the work queued on those streams by then is done. ``streams``: the entry's streams recorded so
-    far (raw stream handles). In any context (a ``torch.device`` block, a transform or a dispatch mode
+    far (raw stream handles); None for a tensor made for this call alone, not cached (one made in a
+    context that is not plain: a FakeTensor, say), which nothing drops. In any context (a ``torch.device`` block, a transform or a dispatch mode
     still runs kernels), with the interception paused for the record itself (a FakeTensorMode would
     refuse the real tensor, a jit trace would keep the call); not while compiling (dynamo cannot
     trace it; compiled code reads the tensor as a graph input)."""
-    if t.is_cuda and not torch.compiler.is_compiling():
+    if streams is not None and t.is_cuda and not torch.compiler.is_compiling():
         stream = torch._C._cuda_getCurrentRawStream(t.get_device())
         if stream not in streams:
             with untraced(), torch._C._DisableTorchDispatch(), torch._C.DisableTorchFunction():

@@ -292,7 +292,7 @@ def _cached_axis_mask(section: tuple, interleaved: bool, device: torch.device) -
     entry = _AXIS_MASKS.get(key) if plain else None
     if entry is None:
         with untraced(), for_the_cache():  # a constant of a jit trace, as RopeConfig's frequencies
-            entry = axis_mask(mrope_pair_axes(section, interleaved), len(section), device), set()
+            entry = axis_mask(mrope_pair_axes(section, interleaved), len(section), device), set() if plain else None
         if plain:
             masks = {} if len(_AXIS_MASKS) >= 64 else dict(_AXIS_MASKS)
             masks[key] = entry

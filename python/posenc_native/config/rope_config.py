@@ -75,7 +75,7 @@ class DeviceFrequencies:
     def _fill(self, key: Hashable, device: torch.device, seq_len: Optional[int], axes: bool) -> tuple:
         """The entry of key: (tensor, the streams recorded on it; _contexts.read_from_cache)."""
         if not plain_context():  # a FakeTensor or a transform's wrapper must not outlive its context
-            return self._make(device, seq_len, axes), set()
+            return self._make(device, seq_len, axes), None
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:

@@ -73,7 +73,8 @@ class DeviceFrequencies:
         return read_from_cache(*entry)
 
     def _fill(self, key: Hashable, device: torch.device, seq_len: Optional[int], axes: bool) -> tuple:
-        """The entry of key: (tensor, the streams recorded on it; _contexts.read_from_cache)."""
+        """The entry of key: (tensor, the streams recorded on it; _contexts.read_from_cache), or, in a
+        context that is not plain, (a tensor for this call alone, None)."""
         if not plain_context():  # a FakeTensor or a transform's wrapper must not outlive its context
             return self._make(device, seq_len, axes), None
         with self._lock:

@@ -310,13 +310,13 @@ def test_inv_freq_with_mrope_section_caches_no_fake_tensor():
     with FakeTensorMode() as mode:
         fake_q, fake_pos = mode.from_tensor(q), mode.from_tensor(pos)
         pn.apply_rope(fake_q, None, fake_pos, inv_freq=mode.from_tensor(cfg.inv_freq()), mrope_section=section)
-    assert not any(key[0] == section for key in ops._AXIS_MASKS)
+    assert not any(key[0] == section for key in ops._AXIS_MASKS._entries)
     want, _ = reference.apply_rope(q.double(), None, pos, config=cfg)
     for _ in range(2):  # the call that fills the cache, and one that reads it
         got, _ = pn.apply_rope(q, None, pos, inv_freq=cfg.inv_freq(), mrope_section=section)
         assert rel_err(got, want) <= TOL[torch.float32]
-    assert all(type(mask) is torch.Tensor and mask.dtype == torch.bool for mask, _ in ops._AXIS_MASKS.values())
-    assert any(key[0] == section for key in ops._AXIS_MASKS)
+    assert all(type(mask) is torch.Tensor and mask.dtype == torch.bool for mask, _ in ops._AXIS_MASKS._entries.values())
+    assert any(key[0] == section for key in ops._AXIS_MASKS._entries)
 
 
 def test_text_positions_equal_on_every_axis():

@@ -511,7 +511,7 @@ def _preset_configs():
 def test_cuda_cached_frequencies_outlive_a_read_queued_on_another_stream(context):
     """Dynamic NTK caches a frequency tensor per sequence length and drops them all at the 17th. A
     rotation queued on a second stream still reads its dropped tensor correctly: the cache recorded
-    that stream on it (_contexts.read_from_cache), so its block was not handed out again on the
+    that stream on it (_tensor_cache.read_from_cache), so its block was not handed out again on the
     stream that made it (which refills it at once here) before the read."""
     cfg = pn.RopeConfig(head_dim=64, max_position_embeddings=8, scaling={"rope_type": "dynamic", "factor": 2.0})
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, ())))
@@ -547,7 +547,7 @@ def test_fake_cuda_tensors_trace_on_any_machine():
                                           mrope_section=(3, 3, 2))):
             q_out, k_out = pn.apply_rope(q, k, **kw)
             assert q_out.device.type == "cuda" and q_out.shape == q.shape and k_out.shape == k.shape
-    assert not cfg._frequencies._entries
+    assert not len(cfg._frequencies._cache)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -112,7 +112,7 @@ def test_shared_config_in_place_and_frequencies_under_threads(scheme):
             torch.testing.assert_close(q, ref_q, rtol=1e-12, atol=1e-12)
 
     run_threads(work)
-    assert len(cfg._frequencies._entries) <= cfg._frequencies.MAX_ENTRIES  # bounded, even for dynamic NTK
+    assert len(cfg._frequencies._cache) <= cfg._frequencies.MAX_ENTRIES  # bounded, even for dynamic NTK
 
 
 class YieldingInt(int):
@@ -218,7 +218,7 @@ def test_a_child_forked_while_a_lock_is_held_does_not_hang():
     config's frequency cache being filled, a patched dynamic NTK update) gets the lock anew: it hung
     forever on its first new regime. Its result is the reference's."""
     cfg = RopeConfig(head_dim=64, max_position_embeddings=16, scaling={"rope_type": "dynamic", "factor": 2.0})
-    lock = cfg._frequencies._lock
+    lock = cfg._frequencies._cache._lock
     held, release = threading.Event(), threading.Event()
 
     def holder():

@@ -1,7 +1,7 @@
 """What makes the current context other than plain eager mode, for tensors made now and for calls
 that skip the dispatcher: a functorch transform, a dispatch mode (FakeTensorMode under
 torch.export, proxy modes), a torch function mode. The decode fast path (ops.py) asks these and
-more (the profiler, the jit tracer); the frequency cache (config/rope_config.py) caches only when
+more (the profiler, the jit tracer); the tensor cache (_tensor_cache.py) keeps a tensor only when
 none is active.
 
 And the jit tracer (torch.jit.trace), which records the ops that run and reads shapes as 0-dim
@@ -13,7 +13,7 @@ import contextlib
 import os
 import sys
 import warnings
-from typing import Iterator, Optional
+from typing import Iterator
 
 import torch
 
@@ -34,27 +34,6 @@ def for_the_cache():
     ordinary tensor even when first needed there (an inference tensor cannot be saved for backward
     or written in place later, when training follows an inference_mode evaluation)."""
     return torch.inference_mode(False)
-
-
-def read_from_cache(t: torch.Tensor, streams: Optional[set]) -> torch.Tensor:
-    """A cached tensor, about to be read by work queued on the current stream. The caching allocator
-    hands a freed CUDA block out again at once on the stream that allocated it, so a cache that
-    drops a tensor while a read of it is still queued on another stream would let that read see the
-    block's next owner. Each other stream that reads a cached CUDA tensor is therefore recorded on it
-    once (``Tensor.record_stream``): whenever the cache drops it, the allocator holds its block until
-    the work queued on those streams by then is done. ``streams``: the entry's streams recorded so
-    far (raw stream handles); None for a tensor made for this call alone, not cached (one made in a
-    context that is not plain: a FakeTensor, say), which nothing drops. In any context (a ``torch.device`` block, a transform or a dispatch mode
-    still runs kernels), with the interception paused for the record itself (a FakeTensorMode would
-    refuse the real tensor, a jit trace would keep the call); not while compiling (dynamo cannot
-    trace it; compiled code reads the tensor as a graph input)."""
-    if streams is not None and t.is_cuda and not torch.compiler.is_compiling():
-        stream = torch._C._cuda_getCurrentRawStream(t.get_device())
-        if stream not in streams:
-            with untraced(), torch._C._DisableTorchDispatch(), torch._C.DisableTorchFunction():
-                t.record_stream(torch.cuda.current_stream(t.device))
-            streams.add(stream)
-    return t
 
 
 _tracing_state = torch._C._get_tracing_state

@@ -17,14 +17,13 @@ from ._functorch import check_copyable as _check_copyable, plain as _plain
 from ._functorch import transforms_active as _functorch_active
 from ._checks import check_bool as _check_bool, check_float as _check_float, check_int as _check_int
 from ._checks import check_tensor as _check_tensor
-from ._contexts import (MODES_ACTIVE, for_the_cache, is_traced_int, plain_context, read_from_cache, static_int,
-                        traced_int, tracing)
-from ._contexts import untraced
+from ._contexts import MODES_ACTIVE, for_the_cache, is_traced_int, static_int, traced_int, tracing, untraced
 from ._contexts import warn_trace_keeps
 from ._forward_ad import linear_jvp
 from ._forward_ad import scale_jvp, tangents as _tangents
 from ._library import load_library
 from ._op_args import arg_index as _arg_index, bind, call, input_grads, save_args, saved_args, tensor_fields
+from ._tensor_cache import TensorCache
 from ._rope_math import HEAD_AXIS, LAYOUTS, SEQ_AXIS, axis_inv_freq, axis_mask, mrope_pair_axes, seq_len_from_positions
 from .config import RopeConfig
 
@@ -278,26 +277,17 @@ def _axis_layout_inv_freq(inv_freq: torch.Tensor, mrope_section, mrope_interleav
 
 
 # axis_mask per (section, interleaved, device): its host-to-device copy waits for the GPU, so a
-# decode loop passing inv_freq= and mrope_section= makes it once. As RopeConfig's frequency cache:
-# plain contexts only (a FakeTensor must not outlive its trace), and a new dict published whole, so
-# that readers need no lock.
-_AXIS_MASKS: dict = {}
+# decode loop passing inv_freq= and mrope_section= makes it once.
+_AXIS_MASKS = TensorCache(64)
 
 
 def _cached_axis_mask(section: tuple, interleaved: bool, device: torch.device) -> torch.Tensor:
-    global _AXIS_MASKS
     key = (section, interleaved, device)
-    # (compiled code makes the mask a graph constant: dynamo cannot trace plain_context's queries)
-    plain = not torch.compiler.is_compiling() and plain_context()
-    entry = _AXIS_MASKS.get(key) if plain else None
-    if entry is None:
-        with untraced(), for_the_cache():  # a constant of a jit trace, as RopeConfig's frequencies
-            entry = axis_mask(mrope_pair_axes(section, interleaved), len(section), device), set() if plain else None
-        if plain:
-            masks = {} if len(_AXIS_MASKS) >= 64 else dict(_AXIS_MASKS)
-            masks[key] = entry
-            _AXIS_MASKS = masks
-    return read_from_cache(*entry)
+    # (compiled code makes the mask a graph constant: dynamo cannot trace the cache's context queries)
+    mask = None if torch.compiler.is_compiling() else _AXIS_MASKS.get(key)
+    if mask is None:
+        mask = _AXIS_MASKS.fill(key, lambda: axis_mask(mrope_pair_axes(section, interleaved), len(section), device))
+    return mask
 
 
 # Decode fast path (issue 9; docs/architecture.md, section 2.1). At decode a call rotates a

@@ -4,33 +4,26 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import torch
 
-from .._contexts import for_the_cache, plain_context, read_from_cache, untraced
-from .._locks import ForkSafeLock
+from .._tensor_cache import TensorCache
 from .._rope_math import axis_inv_freq, axis_mask, mrope_pair_axes
 from .scheme import RopeScaling, scaling_from_dict, scheme_class
 
 
 class DeviceFrequencies:
-    """The float64 ``inv_freq`` of one config, per (device, regime), computed once and shared.
-
-    Only tensors made in a plain context are cached (``_contexts.plain_context``): the first call
-    of a config under torch.export or a functorch transform cached a FakeTensor or a wrapper, which
-    later eager calls then read. Readers take no lock: a lookup reads the current dict, and a writer
-    (under the lock) publishes a new dict, so a concurrent reader sees either the old or the new
-    one, never a half-made entry (a shared dict cleared in place raised KeyError under threads).
-    The number of regimes is bounded: dynamic NTK has one per sequence length past ``max_position_embeddings``.
-    """
+    """The float64 ``inv_freq`` of one config, per (device, regime), computed once and shared
+    (``_tensor_cache.TensorCache``: plain contexts only, no lock for readers, CUDA streams
+    recorded). The number of regimes is bounded: dynamic NTK has one per sequence length past
+    ``max_position_embeddings``."""
 
     MAX_ENTRIES = 16
 
     def __init__(self, config: "RopeConfig") -> None:
         self._config = weakref.ref(config)  # (owned by the config: no reference cycle)
-        self._entries: dict = {}
-        self._lock = ForkSafeLock()
+        self._cache = TensorCache(self.MAX_ENTRIES)
         # (inv_freq, attention_factor, interleaved, head_dim) on the CPU once cached there, for a
         # config whose frequencies do not depend on the sequence length: all the ops' decode fast
         # path reads of the config, in one attribute (csrc/python/direct.c, rope)
@@ -65,36 +58,17 @@ class DeviceFrequencies:
     def _cached(self, device: torch.device, seq_len: Optional[int], axes: bool) -> torch.Tensor:
         cfg = self._config()
         key = (device, cfg.scaling.regime(cfg, seq_len) if cfg.needs_seq_len else None, axes)
-        entry = self._entries.get(key)
-        if entry is None:
+        t = self._cache.get(key)
+        if t is None:
             if torch.compiler.is_compiling():
                 return self._compute(device, seq_len, axes)
-            entry = self._fill(key, device, seq_len, axes)
-        return read_from_cache(*entry)
-
-    def _fill(self, key: Hashable, device: torch.device, seq_len: Optional[int], axes: bool) -> tuple:
-        """The entry of key: (tensor, the streams recorded on it; _contexts.read_from_cache), or, in a
-        context that is not plain, (a tensor for this call alone, None)."""
-        if not plain_context():  # a FakeTensor or a transform's wrapper must not outlive its context
-            return self._make(device, seq_len, axes), None
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                t = self._make(device, seq_len, axes)
-                entry = (t, set())
-                entries = {} if len(self._entries) >= self.MAX_ENTRIES else dict(self._entries)
-                entries[key] = entry
-                self._entries = entries
-                cfg = self._config()
-                # (the ops' form only: an axis layout's 2-D frequencies, not its 1-D inv_freq_on)
-                if (device.type == "cpu" and device.index is None and not cfg.needs_seq_len
-                        and axes == (cfg._pair_axes is not None)):
-                    self.cpu_plain = (entry[0], cfg.attention_factor, cfg.interleaved, cfg.head_dim)
-            return entry
-
-    def _make(self, device: torch.device, seq_len: Optional[int], axes: bool) -> torch.Tensor:
-        with untraced(), for_the_cache():  # (jit.trace: a constant, the same for every trace that reads the cache)
-            return self._compute(device, seq_len, axes)
+            t = self._cache.fill(key, lambda: self._compute(device, seq_len, axes))
+            # the ops' form only (an axis layout's 2-D frequencies, not its 1-D inv_freq_on), and
+            # only a kept tensor (not one made for a trace)
+            if (device.type == "cpu" and device.index is None and not cfg.needs_seq_len
+                    and axes == (cfg._pair_axes is not None) and self._cache.get(key) is t):
+                self.cpu_plain = (t, cfg.attention_factor, cfg.interleaved, cfg.head_dim)
+        return t
 
     def _compute(self, device: torch.device, seq_len: Optional[int], axes: bool) -> torch.Tensor:
         cfg = self._config()

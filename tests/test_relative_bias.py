@@ -301,6 +301,37 @@ def test_bias_backward_sums_each_buckets_diagonals(device, bidirectional):
                                            msg=lambda m: f"{num_buckets} {max_distance} {lq} {lk} {offset}: {m}")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_bias_backward_at_the_largest_max_distance(device, bidirectional):
+    """max_distance 2^40, the largest the ops take (the bisection needs bucket() monotone, which
+    holds as computed up to there: csrc/host/bias_plan.cpp): around every bucket's first distance,
+    where adjacent distances' logs are closest, the gradient equals the scatter-sum over the buckets
+    t5_relative_position_bucket gives, and those buckets equal the exact integer reference's."""
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, ())))
+    num_buckets, max_distance, heads = 32, 2 ** 40, 2
+    per = num_buckets // 2 if bidirectional else num_buckets
+    exact, span = per // 2, per - per // 2
+    for k in range(1, span):  # bucket exact + k starts near exact * (max_distance / exact) ** (k / span)
+        first = round(exact * (max_distance / exact) ** (k / span))
+        lq, lk = 3, 64
+        offset = 28 - first if bidirectional and k % 2 else first + 33  # distances first - 30 .. first + 35
+        w = torch.randn(num_buckets, heads, dtype=torch.float64, generator=g).to(device).requires_grad_()
+        grad = torch.randn(1, heads, lq, lk, dtype=torch.float64, generator=g).to(device)
+        bias = pn.relative_position_bias(w, lq, lk, bidirectional=bidirectional, query_offset=offset,
+                                         max_distance=max_distance)
+        got = torch.autograd.grad(bias, w, grad)[0]
+        r = torch.arange(lk)[None, :] - torch.arange(lq)[:, None] - offset
+        bucket = pn.t5_relative_position_bucket(r, bidirectional=bidirectional, num_buckets=num_buckets,
+                                                max_distance=max_distance)
+        assert torch.equal(bucket, reference.t5_relative_position_bucket(
+            r, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)), k
+        assert len(bucket.unique()) == 2, k  # the window holds the boundary
+        want = torch.zeros(num_buckets, heads, dtype=torch.float64, device=device)
+        want.index_add_(0, bucket.to(device).flatten(), grad[0].flatten(1).t())
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=lambda m: f"bucket {exact + k}: {m}")
+
+
 def test_gradcheck_and_gradgradcheck():
     w = torch.randn(16, 3, dtype=torch.float64, requires_grad=True)
     s = torch.rand(3, dtype=torch.float64, requires_grad=True)
@@ -699,6 +730,9 @@ def _bad_cases():
         (lambda: pn.t5_relative_position_bucket(rp, num_buckets=1026), "num_buckets must be <= 1024 (T5 uses 32)"),
         (lambda: T5(torch.randn(2048, 4), 4, 4, bidirectional=False), "num_buckets must be <= 1024"),
         (lambda: pn.t5_relative_position_bucket(rp, max_distance=1), "max_distance must be > 8"),
+        (lambda: pn.t5_relative_position_bucket(rp, max_distance=2 ** 40 + 1), "max_distance must be <= 2^40 (T5 uses "
+         "128), got 1099511627777"),
+        (lambda: T5(w, 4, 4, max_distance=2 ** 41), "max_distance must be <= 2^40"),
         (lambda: torch.ops.posenc.relative_position_bias_backward(torch.randn(4, 9, 9), True, 32, 128, 0),
          "grad must be [1, heads, query_length, key_length]"),
         (lambda: torch.ops.posenc.alibi_bias_backward(torch.randn(2, 4, 9, 9), 0),

@@ -172,6 +172,8 @@ POSENC_HD int64_t first_where(int64_t lo, int64_t hi, Pred pred) {
 // bucket grows with the distance |r| on either side of r = 0, so it falls as t rises over the
 // diagonals with r <= 0 and rises over those with r > 0, and b's diagonals are one run on each side,
 // [lower, lower_end) and [upper, upper_end), one of them empty but for the decoder's bucket 0 (r >= 0).
+// (bucket() is monotone in |r| as computed, not only in exact arithmetic, for max_distance <= 2^40:
+// csrc/host/bias_plan.cpp, t5_bucketing.)
 struct BucketDiagonals {
   int64_t lower = 0, lower_end = 0, upper = 0, upper_end = 0;
 

@@ -9,6 +9,7 @@ namespace {
 // Offsets this large would overflow j - i - query_offset; no sequence comes near.
 constexpr int64_t kMaxOffset = int64_t{1} << 60;
 constexpr int64_t kMaxBuckets = 1024;  // (t5_bucketing says why)
+constexpr int64_t kMaxDistance = int64_t{1} << 40;  // (likewise)
 
 void check_lengths(const char* op, int64_t query_length, int64_t key_length, int64_t query_offset) {
   POSENC_CHECK(query_length >= 0, op, ": query_length must be >= 0, got ", query_length);
@@ -23,7 +24,12 @@ void check_lengths(const char* op, int64_t query_length, int64_t key_length, int
 // log(max_distance / max_exact) <= 0). At most 1024 buckets: T5Bucketing::bucket's margin (float64's
 // error bound, which grows with the square of the count) stays below 6e-11, well under the distances
 // below an integer tests/test_relative_bias.py pins (3e-10, 8e-10); at 2^27 buckets it reached a
-// whole bucket (distance 2^26 got the bucket above).
+// whole bucket (distance 2^26 got the bucket above). max_distance at most 2^40: the backward finds a
+// bucket's diagonals by bisection (csrc/core/relative_bias.h, BucketDiagonals), which needs bucket()
+// to be monotone in the distance n, and neither CUDA's nor the host's log promises that between
+// adjacent arguments. Below 2^40, ln(n + 1) - ln(n) > 2^-40 outweighs many times over a log's error (1 ulp:
+// at most 2^-48, the logs being below 32) and the roundings of n / max_exact, and every later step
+// (quotient, product, floor) rounds monotonically; at or past max_distance every n has the last bucket.
 T5Bucketing t5_bucketing(const char* op, bool bidirectional, int64_t num_buckets, int64_t max_distance) {
   POSENC_CHECK(!bidirectional || num_buckets % 2 == 0, op,
               ": num_buckets must be even when bidirectional (half the buckets for each direction), got ", num_buckets);
@@ -38,6 +44,7 @@ T5Bucketing t5_bucketing(const char* op, bool bidirectional, int64_t num_buckets
   t.max_exact = t.buckets / 2;
   POSENC_CHECK(max_distance > t.max_exact, op, ": max_distance must be > ", t.max_exact,
               " (the exact distances: num_buckets / ", bidirectional ? 4 : 2, "), got ", max_distance);
+  POSENC_CHECK(max_distance <= kMaxDistance, op, ": max_distance must be <= 2^40 (T5 uses 128), got ", max_distance);
   t.max_distance = max_distance;
   t.log_ratio = std::log(static_cast<double>(max_distance) / static_cast<double>(t.max_exact));
   return t;

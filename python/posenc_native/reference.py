@@ -243,8 +243,9 @@ def t5_relative_position_bucket(relative_position: torch.Tensor, *, bidirectiona
         k = max(k for k in range(span + 1) if d ** span * me ** k >= md ** k * me ** span)
         return min(me + k, per - 1)
 
-    table = torch.tensor([large(d) for d in range(me, max(md, me))] + [per - 1], dtype=torch.int64, device=rp.device)
-    idx = (n.clamp(me, max(md, me)) - me)
+    distances, idx = n.clamp(me, max(md, me)).unique(return_inverse=True)  # (max_distance may be 2^40)
+    table = torch.tensor([large(d) if d < md else per - 1 for d in distances.tolist()], dtype=torch.int64,
+                         device=rp.device)
     return base + torch.where(n < me, n, table[idx])
 
 

@@ -507,12 +507,14 @@ def _preset_configs():
 
 
 @pytest.mark.skipif("cuda" not in DEVICES, reason="needs a GPU")
-@pytest.mark.parametrize("context", ["plain", "torch.device"])
+@pytest.mark.parametrize("context", ["plain", "torch.device", "external stream"])
 def test_cuda_cached_frequencies_outlive_a_read_queued_on_another_stream(context):
     """Dynamic NTK caches a frequency tensor per sequence length and drops them all at the 17th. A
     rotation queued on a second stream still reads its dropped tensor correctly: the cache recorded
     that stream on it (_tensor_cache.read_from_cache), so its block was not handed out again on the
-    stream that made it (which refills it at once here) before the read."""
+    stream that made it (which refills it at once here) before the read; a stream that
+    torch.cuda.ExternalStream wraps is not recorded (its owner may destroy it first): the drop
+    waits for the device instead."""
     cfg = pn.RopeConfig(head_dim=64, max_position_embeddings=8, scaling={"rope_type": "dynamic", "factor": 2.0})
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, ())))
     q = torch.randn(1, 40, 2, 64, generator=gen)
@@ -522,6 +524,8 @@ def test_cuda_cached_frequencies_outlive_a_read_queued_on_another_stream(context
     pn.apply_rope(q, k, config=cfg)  # caches the length-40 frequencies, made on the default stream
     torch.cuda.synchronize()
     side = torch.cuda.Stream()
+    if context == "external stream":
+        side = torch.cuda.ExternalStream(side.cuda_stream)
     with torch.cuda.stream(side), (torch.device("cuda") if context == "torch.device" else contextlib.nullcontext()):
         torch.cuda._sleep(1 << 28)  # about 0.1 s: the rotation below waits behind it
         got_q, got_k = pn.apply_rope(q, k, config=cfg)  # (a torch.device block: a torch function mode)
@@ -530,6 +534,34 @@ def test_cuda_cached_frequencies_outlive_a_read_queued_on_another_stream(context
     junk = [torch.full((32,), math.nan, dtype=torch.float64, device="cuda") for _ in range(256)]
     side.synchronize()
     assert rel_err(got_q, want_q) <= TOL[torch.float32] and rel_err(got_k, want_k) <= TOL[torch.float32]
+    del junk
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a GPU")
+def test_cuda_graph_replays_frequencies_its_config_has_dropped():
+    """A CUDA graph captured with a dynamic NTK config reads that length's cached frequencies by
+    address at every replay: after 17 more lengths drop them from the cache and their block is
+    refilled, a replay still gives the reference's result (the cache keeps what a capture read)."""
+    cfg = pn.RopeConfig(head_dim=64, max_position_embeddings=8, scaling={"rope_type": "dynamic", "factor": 2.0})
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, ())))
+    q = torch.randn(1, 40, 2, 64, generator=gen)
+    want, _ = pn.reference.apply_rope(q.double(), None, config=cfg)
+    static_q = q.cuda()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # warm up (fills the cache) on a side stream, as torch.cuda.graphs asks
+            out, _ = pn.apply_rope(static_q, None, config=cfg)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, _ = pn.apply_rope(static_q, None, config=cfg)
+    for n in range(41, 42 + cfg._frequencies.MAX_ENTRIES):  # the length-40 entry is dropped
+        pn.apply_rope(static_q[:, :1], None, config=cfg, offset=n - 1)
+    junk = [torch.full((32,), math.nan, dtype=torch.float64, device="cuda") for _ in range(256)]
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(out, want) <= TOL[torch.float32]
     del junk
 
 

@@ -47,10 +47,21 @@ class TensorCache:
             if entry is None:
                 with untraced(), for_the_cache():
                     entry = (make(), set())
-                entries = {} if len(self._entries) >= self.max_entries else dict(self._entries)
+                full = len(self._entries) >= self.max_entries
+                entries = {} if full else dict(self._entries)
                 entries[key] = entry
                 self._entries = entries
+                if full:
+                    _release_external_reads()
         return read_from_cache(*entry)
+
+
+# CUDA tensors that a reader may still need after their cache dropped them (or was itself collected),
+# by id: ones read by a CUDA graph being captured (its replays read the address for as long as the
+# graph lives: kept for good), and ones read from a stream that torch.cuda.ExternalStream wraps
+# (kept until the next drop, which first waits for every stream of their devices).
+_CAPTURED: dict = {}
+_READ_ON_EXTERNAL_STREAMS: dict = {}
 
 
 def read_from_cache(t: torch.Tensor, streams: set) -> torch.Tensor:
@@ -63,11 +74,37 @@ def read_from_cache(t: torch.Tensor, streams: set) -> torch.Tensor:
     recorded so far (raw stream handles). In any context (a ``torch.device`` block, a transform or
     a dispatch mode still runs kernels), with the interception paused for the record itself (a
     FakeTensorMode would refuse the real tensor, a jit trace would keep the call); not while
-    compiling (dynamo cannot trace it; compiled code reads the tensor as a graph input)."""
+    compiling (dynamo cannot trace it; compiled code reads the tensor as a graph input).
+
+    Two readers outlive what a record covers. A CUDA graph captured now reads the address at every
+    replay: the tensor is kept for good. A stream that ``torch.cuda.ExternalStream`` wraps may be
+    destroyed by its owner before the block is freed, and the allocator's free would then record an
+    event on a dead stream (an error in a destructor: the process aborts); so it is not recorded,
+    and the tensor is kept until the next drop, which synchronizes its device first
+    (:func:`_release_external_reads`)."""
     if t.is_cuda and not torch.compiler.is_compiling():
+        if torch.cuda.is_current_stream_capturing():
+            _CAPTURED.setdefault(id(t), t)
         stream = torch._C._cuda_getCurrentRawStream(t.get_device())
         if stream not in streams:
+            current = torch.cuda.current_stream(t.device)
+            if current.stream_id != 0 and current.stream_id % 2 == 0:  # (c10: an external stream's id is its handle)
+                _READ_ON_EXTERNAL_STREAMS.setdefault(id(t), t)  # (checked on every read: a drop releases it)
+                return t
             with untraced(), torch._C._DisableTorchDispatch(), torch._C.DisableTorchFunction():
-                t.record_stream(torch.cuda.current_stream(t.device))
+                t.record_stream(current)
             streams.add(stream)
     return t
+
+
+def _release_external_reads() -> None:
+    """Frees the tensors kept for reads on external streams, once every stream of their devices
+    has finished its queued work (a device-wide wait, so a stream its owner has destroyed since
+    is covered too). Not while this thread captures a CUDA graph (a wait would end the capture)."""
+    global _READ_ON_EXTERNAL_STREAMS
+    if not _READ_ON_EXTERNAL_STREAMS or torch.cuda.is_current_stream_capturing():
+        return
+    kept, _READ_ON_EXTERNAL_STREAMS = _READ_ON_EXTERNAL_STREAMS, {}
+    for device in {t.device for t in kept.values()}:
+        torch.cuda.synchronize(device)
+    del kept

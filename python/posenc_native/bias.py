@@ -61,7 +61,7 @@ def t5_relative_position_bucket(relative_position: torch.Tensor, *, bidirectiona
         relative_position: int32 or int64 tensor of any shape.
         bidirectional: False for T5's decoder self-attention.
         num_buckets: even when bidirectional; >= 4 (bidirectional) or >= 2; <= 1024.
-        max_distance: > the number of exact distances.
+        max_distance: > the number of exact distances; <= 2^40.
 
     Returns an int64 tensor of the same shape.
     """
@@ -83,7 +83,7 @@ def relative_position_bias(weight: torch.Tensor, query_length: int, key_length: 
             against keys ``0 .. key_length - 1``.
         bidirectional: False for decoder self-attention (``not is_decoder`` in T5).
         num_buckets: defaults to ``weight.shape[0]``; when given it must match.
-        max_distance: T5's ``relative_attention_max_distance``.
+        max_distance: T5's ``relative_attention_max_distance`` (<= 2^40).
         query_offset: the position of the first query (transformers' ``past_seen_tokens`` while
             decoding with a cache); a one-element tensor is read on the host.
 

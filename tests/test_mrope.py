@@ -319,6 +319,31 @@ def test_inv_freq_with_mrope_section_caches_no_fake_tensor():
     assert any(key[0] == section for key in ops._AXIS_MASKS._entries)
 
 
+@pytest.mark.parametrize("how", ["inv_freq=", "config="])
+def test_a_fake_tensor_call_after_eager_ones_reads_no_cached_tensor(how):
+    """After eager calls have cached a real axis mask (inv_freq= with mrope_section=) or real
+    frequencies (config=), the same call under a FakeTensorMode (meta-style shape inference) gives
+    a FakeTensor of the right shape: a real cached tensor handed to the fake call was refused ("Please
+    convert all Tensors to FakeTensors first"). The eager call after it still matches the reference."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    section = (2, 3, 3) if how == "inv_freq=" else (3, 2, 3)  # (fresh sections: cached here first)
+    cfg = RopeConfig(head_dim=16, base=1e4, mrope_section=section)
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, ())))
+    q = torch.randn(2, 5, 2, 16, generator=gen)
+    pos = torch.randint(0, 40, (3, 2, 5), generator=gen)
+    kw = dict(inv_freq=cfg.inv_freq(), mrope_section=section) if how == "inv_freq=" else dict(config=cfg)
+    want, _ = reference.apply_rope(q.double(), None, pos, config=cfg)
+    got, _ = pn.apply_rope(q, None, pos, **kw)
+    assert rel_err(got, want) <= TOL[torch.float32]
+    with FakeTensorMode() as mode:
+        fake_kw = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+        out, _ = pn.apply_rope(mode.from_tensor(q), None, mode.from_tensor(pos), **fake_kw)
+        assert isinstance(out, FakeTensor) and out.shape == q.shape
+    got, _ = pn.apply_rope(q, None, pos, **kw)
+    assert rel_err(got, want) <= TOL[torch.float32]
+
+
 def test_text_positions_equal_on_every_axis():
     """2-D / 1-D positions with an axis layout mean the same id on every axis (transformers' text
     tokens): bit-identical to [A, B, S] with equal rows, and to plain RoPE with the same frequencies."""

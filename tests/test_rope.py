@@ -558,11 +558,48 @@ def test_cuda_graph_replays_frequencies_its_config_has_dropped():
         out, _ = pn.apply_rope(static_q, None, config=cfg)
     for n in range(41, 42 + cfg._frequencies.MAX_ENTRIES):  # the length-40 entry is dropped
         pn.apply_rope(static_q[:, :1], None, config=cfg, offset=n - 1)
-    junk = [torch.full((32,), math.nan, dtype=torch.float64, device="cuda") for _ in range(256)]
+    with torch.cuda.stream(side):  # the block was the warm-up's, made on side: reused there first
+        junk = [torch.full((32,), math.nan, dtype=torch.float64, device="cuda") for _ in range(256)]
+    torch.cuda.synchronize()
     graph.replay()
     torch.cuda.synchronize()
     assert rel_err(out, want) <= TOL[torch.float32]
     del junk
+
+
+_DESTROYED_EXTERNAL_STREAM = """
+import ctypes, gc, sys, torch, posenc_native as pn
+torch.cuda.init()
+cudart = ctypes.CDLL(next(line.split()[-1] for line in open("/proc/self/maps") if "libcudart.so" in line))
+raw = ctypes.c_void_p()
+assert cudart.cudaStreamCreate(ctypes.byref(raw)) == 0
+cfg = pn.RopeConfig(head_dim=64, max_position_embeddings=8, scaling={"rope_type": "dynamic", "factor": 2.0})
+q = torch.randn(1, 40, 2, 64, device="cuda")
+pn.apply_rope(q, None, config=cfg)  # caches the length-40 frequencies, made on the default stream
+with torch.cuda.stream(torch.cuda.ExternalStream(raw.value)):
+    out, _ = pn.apply_rope(q, None, config=cfg)
+torch.cuda.synchronize()
+want, _ = pn.reference.apply_rope(q.double().cpu(), None, config=cfg)
+assert cudart.cudaStreamDestroy(raw) == 0  # its owner is done with it
+for n in range(41, 42 + cfg._frequencies.MAX_ENTRIES):  # the cache drops the length-40 tensor
+    pn.apply_rope(q[:, :1], None, config=cfg, offset=n - 1)
+del cfg
+gc.collect()
+torch.cuda.synchronize()
+print("max error", float((out.cpu().double() - want).abs().max()))
+"""
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a GPU")
+def test_cuda_cached_frequencies_freed_after_their_external_stream_is_destroyed():
+    """A stream wrapped by torch.cuda.ExternalStream belongs to its owner, who may destroy it while
+    a config it read still caches the frequencies: their free must not record an event on the dead
+    stream (a record_stream on it did: an error inside the allocator's free, which aborts the
+    process). Run in a child process, which would abort."""
+    done = subprocess.run([sys.executable, "-c", _DESTROYED_EXTERNAL_STREAM], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert float(done.stdout.split()[-1]) <= 1e-4, done.stdout  # (absolute, on randn q)
 
 
 def test_fake_cuda_tensors_trace_on_any_machine():

@@ -2,6 +2,7 @@
 of ``inv_freq=`` calls): one bounded cache, safe for concurrent callers and for CUDA streams."""
 from __future__ import annotations
 
+import sys
 from typing import Callable, Hashable, Optional
 
 import torch
@@ -30,7 +31,11 @@ class TensorCache:
         return len(self._entries)
 
     def get(self, key: Hashable) -> Optional[torch.Tensor]:
-        """The tensor kept under ``key``, or None."""
+        """The tensor kept under ``key``, or None; None as well while a dispatch mode is active
+        outside compilation (a FakeTensorMode refuses a real tensor: the caller's ``fill`` then
+        makes one in the mode). Compiled code reads the kept tensor (a graph constant)."""
+        if not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack():
+            return None
         entry = self._entries.get(key)
         return None if entry is None else read_from_cache(*entry)
 
@@ -51,17 +56,56 @@ class TensorCache:
                 entries = {} if full else dict(self._entries)
                 entries[key] = entry
                 self._entries = entries
-                if full:
-                    _release_external_reads()
+                _EXTERNAL_READS.release(force=full)
         return read_from_cache(*entry)
 
 
-# CUDA tensors that a reader may still need after their cache dropped them (or was itself collected),
-# by id: ones read by a CUDA graph being captured (its replays read the address for as long as the
-# graph lives: kept for good), and ones read from a stream that torch.cuda.ExternalStream wraps
-# (kept until the next drop, which first waits for every stream of their devices).
+class _ExternalReads:
+    """Cached CUDA tensors read from streams that ``torch.cuda.ExternalStream`` wraps, held by id
+    instead of recorded on the stream (:func:`read_from_cache` says why) until a release has
+    waited for every stream of their devices: at each drop of a cache, and at a fill once the hold
+    has doubled since the last release (a config collected with its cache leaves its tensors
+    here)."""
+
+    def __init__(self) -> None:
+        self._held: dict = {}
+        self._lock = ForkSafeLock()
+        self._release_at = 64
+
+    def hold(self, t: torch.Tensor) -> None:
+        with self._lock:
+            self._held.setdefault(id(t), t)
+
+    def release(self, force: bool) -> None:
+        """Waits for the devices of the held tensors, then lets go of each that nothing else
+        references (one that a call still references may be read by a kernel it has yet to queue,
+        or is still cached: held on). Not while this thread captures a CUDA graph (the wait would
+        end the capture); a wait that fails (another thread's capture in torch's default global
+        mode refuses it, and may itself fail) keeps everything held."""
+        if not self._held or not (force or len(self._held) >= self._release_at):
+            return
+        if torch._C._cuda_isCurrentStreamCapturing():
+            return
+        with self._lock:
+            try:
+                for device in {t.device for t in self._held.values()}:
+                    torch.cuda.synchronize(device)
+            except RuntimeError:
+                return
+            kept = {}
+            while self._held:
+                key, t = self._held.popitem()
+                if sys.getrefcount(t) > 2:  # (t and getrefcount's argument)
+                    kept[key] = t
+                del t
+            self._held = kept
+            self._release_at = max(64, 2 * len(kept))
+
+
+_EXTERNAL_READS = _ExternalReads()
+# CUDA tensors read while a CUDA graph was captured: its replays read the address for as long as
+# the graph lives, which nothing here can see, so they are kept for good
 _CAPTURED: dict = {}
-_READ_ON_EXTERNAL_STREAMS: dict = {}
 
 
 def read_from_cache(t: torch.Tensor, streams: set) -> torch.Tensor:
@@ -77,34 +121,20 @@ def read_from_cache(t: torch.Tensor, streams: set) -> torch.Tensor:
     compiling (dynamo cannot trace it; compiled code reads the tensor as a graph input).
 
     Two readers outlive what a record covers. A CUDA graph captured now reads the address at every
-    replay: the tensor is kept for good. A stream that ``torch.cuda.ExternalStream`` wraps may be
-    destroyed by its owner before the block is freed, and the allocator's free would then record an
-    event on a dead stream (an error in a destructor: the process aborts); so it is not recorded,
-    and the tensor is kept until the next drop, which synchronizes its device first
-    (:func:`_release_external_reads`)."""
+    replay: the tensor is kept for good (``_CAPTURED``). A stream that ``torch.cuda.ExternalStream``
+    wraps may be destroyed by its owner before the block is freed, and the allocator's free would
+    then record an event on a dead stream (an error in a destructor: the process aborts); so it is
+    not recorded, and the tensor is held until a device-wide wait (``_ExternalReads``)."""
     if t.is_cuda and not torch.compiler.is_compiling():
-        if torch.cuda.is_current_stream_capturing():
+        if torch._C._cuda_isCurrentStreamCapturing():
             _CAPTURED.setdefault(id(t), t)
         stream = torch._C._cuda_getCurrentRawStream(t.get_device())
         if stream not in streams:
             current = torch.cuda.current_stream(t.device)
             if current.stream_id != 0 and current.stream_id % 2 == 0:  # (c10: an external stream's id is its handle)
-                _READ_ON_EXTERNAL_STREAMS.setdefault(id(t), t)  # (checked on every read: a drop releases it)
+                _EXTERNAL_READS.hold(t)  # (on every read: a release lets go of what it held)
                 return t
             with untraced(), torch._C._DisableTorchDispatch(), torch._C.DisableTorchFunction():
                 t.record_stream(current)
             streams.add(stream)
     return t
-
-
-def _release_external_reads() -> None:
-    """Frees the tensors kept for reads on external streams, once every stream of their devices
-    has finished its queued work (a device-wide wait, so a stream its owner has destroyed since
-    is covered too). Not while this thread captures a CUDA graph (a wait would end the capture)."""
-    global _READ_ON_EXTERNAL_STREAMS
-    if not _READ_ON_EXTERNAL_STREAMS or torch.cuda.is_current_stream_capturing():
-        return
-    kept, _READ_ON_EXTERNAL_STREAMS = _READ_ON_EXTERNAL_STREAMS, {}
-    for device in {t.device for t in kept.values()}:
-        torch.cuda.synchronize(device)
-    del kept

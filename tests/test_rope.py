@@ -596,8 +596,10 @@ def test_cuda_cached_frequencies_freed_after_their_external_stream_is_destroyed(
     a config it read still caches the frequencies: their free must not record an event on the dead
     stream (a record_stream on it did: an error inside the allocator's free, which aborts the
     process). Run in a child process, which would abort."""
+    package_root = os.path.dirname(os.path.dirname(pn.__file__))  # (the child imports this posenc_native)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
     done = subprocess.run([sys.executable, "-c", _DESTROYED_EXTERNAL_STREAM], capture_output=True, text=True,
-                          timeout=300)
+                          env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert float(done.stdout.split()[-1]) <= 1e-4, done.stdout  # (absolute, on randn q)
 

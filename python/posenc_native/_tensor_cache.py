@@ -3,7 +3,7 @@ of ``inv_freq=`` calls): one bounded cache, safe for concurrent callers and for 
 from __future__ import annotations
 
 import sys
-from typing import Callable, Hashable, Optional
+from typing import Callable, Hashable, Iterable, Optional
 
 import torch
 
@@ -31,10 +31,11 @@ class TensorCache:
         return len(self._entries)
 
     def get(self, key: Hashable) -> Optional[torch.Tensor]:
-        """The tensor kept under ``key``, or None; None as well while a dispatch mode is active
-        outside compilation (a FakeTensorMode refuses a real tensor: the caller's ``fill`` then
-        makes one in the mode). Compiled code reads the kept tensor (a graph constant)."""
-        if not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack():
+        """The tensor kept under ``key``, or None; None as well under a FakeTensorMode outside
+        compilation (it refuses a real tensor: the caller's ``fill`` then makes one in the mode).
+        Other dispatch modes (selective checkpointing, FlopCounterMode, make_fx) read it, and
+        compiled code reads it as a graph constant (torch.export's fake mode allows that)."""
+        if not torch.compiler.is_compiling() and _fake_mode_active():
             return None
         entry = self._entries.get(key)
         return None if entry is None else read_from_cache(*entry)
@@ -53,28 +54,38 @@ class TensorCache:
                 with untraced(), for_the_cache():
                     entry = (make(), set())
                 full = len(self._entries) >= self.max_entries
+                dropped_held = full and _EXTERNAL_READS.holds_any(t for t, _ in self._entries.values())
                 entries = {} if full else dict(self._entries)
                 entries[key] = entry
                 self._entries = entries
-                _EXTERNAL_READS.release(force=full)
+                _EXTERNAL_READS.release(force=dropped_held)
         return read_from_cache(*entry)
+
+
+def _fake_mode_active() -> bool:
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
 
 
 class _ExternalReads:
     """Cached CUDA tensors read from streams that ``torch.cuda.ExternalStream`` wraps, held by id
     instead of recorded on the stream (:func:`read_from_cache` says why) until a release has
-    waited for every stream of their devices: at each drop of a cache, and at a fill once the hold
-    has doubled since the last release (a config collected with its cache leaves its tensors
-    here)."""
+    waited for every stream of their devices: at a drop of a cache that drops one of them, and at
+    a fill once the hold has doubled since the last release (a config collected with its cache
+    leaves its tensors here). The wait is device-wide: torch's default (global) capture mode
+    refuses it while another thread captures a CUDA graph; capture with
+    ``capture_error_mode="thread_local"`` where that can happen."""
 
     def __init__(self) -> None:
         self._held: dict = {}
-        self._lock = ForkSafeLock()
+        self._lock = ForkSafeLock(reentrant=True)  # (a finalizer run by a collection inside may read)
         self._release_at = 64
 
     def hold(self, t: torch.Tensor) -> None:
         with self._lock:
             self._held.setdefault(id(t), t)
+
+    def holds_any(self, tensors: Iterable[torch.Tensor]) -> bool:
+        return bool(self._held) and any(id(t) in self._held for t in tensors)
 
     def release(self, force: bool) -> None:
         """Waits for the devices of the held tensors, then lets go of each that nothing else
@@ -84,10 +95,10 @@ class _ExternalReads:
         mode refuses it, and may itself fail) keeps everything held."""
         if not self._held or not (force or len(self._held) >= self._release_at):
             return
-        if torch._C._cuda_isCurrentStreamCapturing():
-            return
         with self._lock:
             try:
+                if torch._C._cuda_isCurrentStreamCapturing():
+                    return
                 for device in {t.device for t in self._held.values()}:
                     torch.cuda.synchronize(device)
             except RuntimeError:
@@ -95,13 +106,22 @@ class _ExternalReads:
             kept = {}
             while self._held:
                 key, t = self._held.popitem()
-                if sys.getrefcount(t) > 2:  # (t and getrefcount's argument)
+                if sys.getrefcount(t) > _UNSHARED_REFCOUNT:
                     kept[key] = t
                 del t
             self._held = kept
             self._release_at = max(64, 2 * len(kept))
 
 
+def _unshared_refcount() -> int:
+    """sys.getrefcount of an object popped from a dict into a local, referenced nowhere else: 2
+    up to Python 3.13, less where a local is read without a reference (3.14)."""
+    held = {0: object()}
+    _, t = held.popitem()
+    return sys.getrefcount(t)
+
+
+_UNSHARED_REFCOUNT = _unshared_refcount()
 _EXTERNAL_READS = _ExternalReads()
 # CUDA tensors read while a CUDA graph was captured: its replays read the address for as long as
 # the graph lives, which nothing here can see, so they are kept for good
@@ -115,9 +135,9 @@ def read_from_cache(t: torch.Tensor, streams: set) -> torch.Tensor:
     block's next owner. Each other stream that reads a cached CUDA tensor is therefore recorded on
     it once (``Tensor.record_stream``): whenever the cache drops it, the allocator holds its block
     until the work queued on those streams by then is done. ``streams``: the entry's streams
-    recorded so far (raw stream handles). In any context (a ``torch.device`` block, a transform or
-    a dispatch mode still runs kernels), with the interception paused for the record itself (a
-    FakeTensorMode would refuse the real tensor, a jit trace would keep the call); not while
+    recorded so far (raw stream handles). In any context that reads the cache (a ``torch.device``
+    block, a transform or a dispatch mode still runs kernels), with the interception paused for the
+    record itself (a dispatch mode would see the call, a jit trace would keep it); not while
     compiling (dynamo cannot trace it; compiled code reads the tensor as a graph input).
 
     Two readers outlive what a record covers. A CUDA graph captured now reads the address at every

@@ -27,10 +27,11 @@ void check_lengths(const char* op, int64_t query_length, int64_t key_length, int
 // whole bucket (distance 2^26 got the bucket above). max_distance at most 2^40: the backward finds a
 // bucket's diagonals by bisection (csrc/core/relative_bias.h, BucketDiagonals) and the CPU forward
 // its runs of one bucket (relative_bias_cpu.cpp, BucketRuns), which need bucket() to be monotone in
-// the distance n, and neither CUDA's nor the host's log promises that between
-// adjacent arguments. Below 2^40, ln(n + 1) - ln(n) > 2^-40 outweighs many times over a log's error (1 ulp:
-// at most 2^-48, the logs being below 32) and the roundings of n / max_exact, and every later step
-// (quotient, product, floor) rounds monotonically; at or past max_distance every n has the last bucket.
+// the distance n, and neither CUDA's nor the host's log promises that between adjacent arguments.
+// Below 2^40, ln(n + 1) - ln(n) > 2^-40 outweighs many times over a log's error (1 ulp: at most
+// 2^-48, the logs being below 32) and the roundings of n / max_exact, and every later step
+// (quotient, product, floor) rounds monotonically; at or past max_distance every n has the last
+// bucket.
 T5Bucketing t5_bucketing(const char* op, bool bidirectional, int64_t num_buckets, int64_t max_distance) {
   POSENC_CHECK(!bidirectional || num_buckets % 2 == 0, op,
               ": num_buckets must be even when bidirectional (half the buckets for each direction), got ", num_buckets);

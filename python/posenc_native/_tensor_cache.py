@@ -40,11 +40,13 @@ class TensorCache:
         entry = self._entries.get(key)
         return None if entry is None else read_from_cache(*entry)
 
-    def fill(self, key: Hashable, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    def fill(self, key: Hashable, make: Callable[[], torch.Tensor],
+             on_kept: Optional[Callable[[torch.Tensor], None]] = None) -> torch.Tensor:
         """The tensor kept under ``key``, made by ``make()`` if missing: untraced (a constant of a
         jit trace, the same in every trace that reads the cache) and outside inference mode. Kept
         only in a plain context and not while compiling (dynamo cannot trace the context queries;
-        the tensor is then a graph constant)."""
+        the tensor is then a graph constant). ``on_kept(t)`` runs under the lock when ``make``'s
+        tensor is kept (not for one made for a trace or a transform)."""
         if torch.compiler.is_compiling() or not plain_context():
             with untraced(), for_the_cache():
                 return make()
@@ -53,6 +55,8 @@ class TensorCache:
             if entry is None:
                 with untraced(), for_the_cache():
                     entry = (make(), set())
+                if on_kept is not None:
+                    on_kept(entry[0])
                 full = len(self._entries) >= self.max_entries
                 dropped_held = full and _EXTERNAL_READS.holds_any(t for t, _ in self._entries.values())
                 entries = {} if full else dict(self._entries)

@@ -62,13 +62,16 @@ class DeviceFrequencies:
         if t is None:
             if torch.compiler.is_compiling():
                 return self._compute(device, seq_len, axes)
-            t = self._cache.fill(key, lambda: self._compute(device, seq_len, axes))
-            # the ops' form only (an axis layout's 2-D frequencies, not its 1-D inv_freq_on), and
-            # only a kept tensor (not one made for a trace)
-            if (device.type == "cpu" and device.index is None and not cfg.needs_seq_len
-                    and axes == (cfg._pair_axes is not None) and self._cache.get(key) is t):
-                self.cpu_plain = (t, cfg.attention_factor, cfg.interleaved, cfg.head_dim)
+            # the ops' form only (an axis layout's 2-D frequencies, not its 1-D inv_freq_on)
+            plain = (device.type == "cpu" and device.index is None and not cfg.needs_seq_len
+                     and axes == (cfg._pair_axes is not None))
+            t = self._cache.fill(key, lambda: self._compute(device, seq_len, axes),
+                                 on_kept=self._set_cpu_plain if plain else None)
         return t
+
+    def _set_cpu_plain(self, inv_freq: torch.Tensor) -> None:
+        cfg = self._config()
+        self.cpu_plain = (inv_freq, cfg.attention_factor, cfg.interleaved, cfg.head_dim)
 
     def _compute(self, device: torch.device, seq_len: Optional[int], axes: bool) -> torch.Tensor:
         cfg = self._config()

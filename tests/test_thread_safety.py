@@ -7,11 +7,13 @@ while others read them. Every result is compared with the float64 reference on f
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import pickle
 import sys
 import threading
 import time
+from typing import ClassVar
 
 import pytest
 import torch
@@ -20,6 +22,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 import posenc_native as pn
 from posenc_native import reference
 from posenc_native.config import RopeConfig
+from posenc_native.config.scheme import RopeScaling, default_inv_freq
 from posenc_native.modules import RoPEPositionalEncoding, YaRNPositionalEncoding
 
 THREADS, STEPS = 4, 60
@@ -175,6 +178,45 @@ def test_copies_get_their_own_cache():
         got, _ = other(q, None, torch.arange(100, 105))
         assert torch.equal(got, expected)
 
+
+
+@dataclasses.dataclass(frozen=True)
+class _HalvedPastOriginal(RopeScaling):
+    """A user scheme whose long regime is built from its own config's cached short frequencies."""
+
+    rope_type: ClassVar[str] = "test-halved-past-32"
+    needs_seq_len: ClassVar[bool] = True
+
+    def regime(self, cfg, seq_len):
+        return seq_len is not None and seq_len > 32
+
+    def compute_inv_freq(self, cfg, seq_len):
+        if seq_len is not None and seq_len > 32:
+            return cfg.inv_freq_on("cpu", 1) / 2  # the short regime's, through the cache being filled
+        return default_inv_freq(cfg.base, cfg.rotary_dim)
+
+
+def test_a_scheme_reading_its_own_cache_while_it_is_filled_does_not_hang():
+    """The long regime's fill runs the scheme, which reads (and first fills) the short regime's
+    entry of the same cache on the same thread: a non-reentrant cache lock hung here."""
+    cfg = RopeConfig(head_dim=D, base=500.0, scaling=_HalvedPastOriginal())
+    gen = torch.Generator().manual_seed(7)
+    q, k = torch.randn(1, 40, 3, D, generator=gen, dtype=torch.float64), torch.randn(1, 40, 1, D, generator=gen, dtype=torch.float64)
+    result = {}
+
+    def call():
+        result["inv_freq"] = cfg.inv_freq_on("cpu", 40)
+        result["rotated"] = pn.apply_rope(q, k, torch.arange(40), config=cfg)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "filling one regime's frequencies hung reading another's"
+    short = default_inv_freq(500.0, D)
+    assert torch.equal(result["inv_freq"], short / 2) and torch.equal(cfg.inv_freq_on("cpu", 1), short)
+    ref_q, ref_k = reference.apply_rope(q, k, torch.arange(40), cfg)
+    torch.testing.assert_close(result["rotated"][0], ref_q, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(result["rotated"][1], ref_k, rtol=1e-12, atol=1e-12)
 
 @pytest.fixture
 def _fresh_dynamo():

@@ -25,7 +25,8 @@ class TensorCache:
     def __init__(self, max_entries: int) -> None:
         self.max_entries = max_entries
         self._entries: dict = {}
-        self._lock = ForkSafeLock()
+        # reentrant: a scheme's frequencies may read the cache of their own config (another regime's)
+        self._lock = ForkSafeLock(reentrant=True)
 
     def __len__(self) -> int:
         return len(self._entries)

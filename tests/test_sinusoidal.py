@@ -238,6 +238,25 @@ def test_add_sinusoidal_offset_equals_shifted_positions(device):
         torch.ops.posenc.add_sinusoidal(x, big, 1.0, 10000.0, True, 0.0, 1.0, False, -2 ** 60)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_decode_calls_alternating_parameters_each_get_their_frequencies(dtype):
+    """One-token calls on one thread, each changing one parameter of the frequencies from the call
+    before (the CPU kernel keeps the thread's last frequencies), then back: each equals the reference."""
+    g = gen(11)
+    options = [dict(base=10000.0), dict(base=500.0), dict(base=500.0, freq_shift=1.0),
+               dict(base=500.0, freq_shift=1.0, angle_scale=0.5), dict(base=10000.0, angle_scale=0.5),
+               dict(base=10000.0)]
+    for dim in (64, 66, 64):
+        for opts in options:
+            x = torch.randn(2, 1, dim, generator=g, dtype=dtype)
+            offset = int(torch.randint(1000, 5000, (), generator=g))
+            out = pn.add_sinusoidal(x, offset=offset, **opts)
+            truth = reference.add_sinusoidal(x.double(), offset=offset, **opts)
+            assert rel_err(out, truth) <= tol(dtype, 5000.0), (dim, opts)
+            table = pn.sinusoidal_table(torch.tensor([offset]), dim, dtype=dtype, **opts)
+            assert rel_err(table, reference.sinusoidal_table(torch.tensor([offset]), dim, **opts)) <= tol(dtype, 5000.0)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_add_sinusoidal_leaves_inputs_untouched(device):
     g = gen(6)

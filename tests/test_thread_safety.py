@@ -179,7 +179,6 @@ def test_copies_get_their_own_cache():
         assert torch.equal(got, expected)
 
 
-
 @dataclasses.dataclass(frozen=True)
 class _HalvedPastOriginal(RopeScaling):
     """A user scheme whose long regime is built from its own config's cached short frequencies."""
@@ -217,6 +216,7 @@ def test_a_scheme_reading_its_own_cache_while_it_is_filled_does_not_hang():
     ref_q, ref_k = reference.apply_rope(q, k, torch.arange(40), cfg)
     torch.testing.assert_close(result["rotated"][0], ref_q, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(result["rotated"][1], ref_k, rtol=1e-12, atol=1e-12)
+
 
 @pytest.fixture
 def _fresh_dynamo():

@@ -308,9 +308,9 @@ template <class I, class D, bool kInterleaved, class Mv, int K>
   load_n<I, IO>(src + j, a);
   if constexpr (!kInterleaved) load_n<I, IO>(src + pairs + j, b);
   if constexpr (kInterleaved && !kEo && !Mv::kPrefetch) {
-    // GCC otherwise loads a float32 vector twice, folded into the swap and into the multiply: one
-    // load measured 12-17% faster on rows in cache (AMD Zen 3), but 2-6% slower from DRAM with
-    // prefetch, where the kernels with prefetch run (benchmarks/RESULTS.md, "Forty-third session")
+    // GCC otherwise loads a float32 vector twice, folded into the swap and into the multiply. One
+    // load measured 12-17% faster on rows in cache (AMD Zen 3) but 2-6% slower from DRAM, where
+    // the kernels with prefetch run: so only these take it (benchmarks/RESULTS.md, "Forty-third session")
     for (int k = 0; k < K; ++k) asm("" : "+v"(a[k]));
   }
   for (int k = 0; k < K; ++k) {

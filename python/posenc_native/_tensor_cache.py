@@ -3,6 +3,7 @@ of ``inv_freq=`` calls): one bounded cache, safe for concurrent callers and for 
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Callable, Hashable, Iterable, Optional
 
 import torch
@@ -27,6 +28,7 @@ class TensorCache:
         self._entries: dict = {}
         # reentrant: a scheme's frequencies may read the cache of their own config (another regime's)
         self._lock = ForkSafeLock(reentrant=True)
+        self._making: set = set()  # (thread, key) whose make() runs
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -47,15 +49,24 @@ class TensorCache:
         jit trace, the same in every trace that reads the cache) and outside inference mode. Kept
         only in a plain context and not while compiling (dynamo cannot trace the context queries;
         the tensor is then a graph constant). ``on_kept(t)`` runs under the lock when ``make``'s
-        tensor is kept (not for one made for a trace or a transform)."""
+        tensor is kept (not for one made for a trace or a transform). A ``make`` that needs its own key
+        (through another fill on this thread) raises RuntimeError instead of recursing."""
         if torch.compiler.is_compiling() or not plain_context():
             with untraced(), for_the_cache():
                 return make()
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
-                with untraced(), for_the_cache():
-                    entry = (make(), set())
+                making = (threading.get_ident(), key)  # (by thread: a forked child keeps the set)
+                if making in self._making:
+                    raise RuntimeError(f"the cached tensor {key!r} is needed to make itself: a scheme's "
+                                       "frequencies read the regime they are making")
+                self._making.add(making)
+                try:
+                    with untraced(), for_the_cache():
+                        entry = (make(), set())
+                finally:
+                    self._making.discard(making)
                 if on_kept is not None:
                     on_kept(entry[0])
                 full = len(self._entries) >= self.max_entries

@@ -81,29 +81,23 @@ struct FactorRows {
 // in: the angle stream's rows, elementwise in the pairs, then come out in the order an even/odd
 // kernel reads its cos and sin, with the same values. Reordering the rows per token instead took
 // ~8 ns a token, 14% of a one-head bf16 prefill on the AVX2 path. The order as a permutation:
-// `order` applied to the indices 0, 1, ... (exact in float). Kept for the thread's last
-// frequencies (compared bit for bit, as the stream's tables are): formed on every call, it took
-// ~0.1 us of a 2.6 us decode step.
+// `order` applied to the indices 0, 1, ... (exact in float). Kept per thread (row_for_last_key):
+// formed on every call, it took ~0.1 us of a 2.6 us decode step.
 const double* frequencies_in_order(OrderRowFn order, const double* freq, int64_t pairs, int64_t n_axes) {
-  static thread_local RowVector<double> last, ordered;
-  static thread_local RowVector<float> index;
-  static thread_local OrderRowFn last_order = nullptr;
-  static thread_local int64_t last_pairs = 0;
+  struct Key {
+    OrderRowFn order;
+    int64_t pairs;
+  };
+  struct Caller;
   const int64_t n = n_axes * pairs;
-  if (order == last_order && pairs == last_pairs && static_cast<int64_t>(last.size()) == n &&
-      std::memcmp(freq, last.data(), n * sizeof(double)) == 0) {
-    return ordered.data();
-  }
-  index.resize(pairs);
-  for (int64_t j = 0; j < pairs; ++j) index[j] = static_cast<float>(j);
-  order(index.data(), pairs);
-  last.assign(freq, freq + n);
-  ordered.resize(n);
-  for (int64_t a = 0; a < n_axes; ++a) {
-    for (int64_t j = 0; j < pairs; ++j) ordered[a * pairs + j] = freq[a * pairs + static_cast<int64_t>(index[j])];
-  }
-  last_order = order, last_pairs = pairs;
-  return ordered.data();
+  return row_for_last_key<Caller>(Key{order, pairs}, freq, n, n, [&](double* ordered) {
+    RowVector<float> index(pairs);
+    for (int64_t j = 0; j < pairs; ++j) index[j] = static_cast<float>(j);
+    order(index.data(), pairs);
+    for (int64_t a = 0; a < n_axes; ++a) {
+      for (int64_t j = 0; j < pairs; ++j) ordered[a * pairs + j] = freq[a * pairs + static_cast<int64_t>(index[j])];
+    }
+  });
 }
 
 // Tokens [begin, end): per token the factor rows of every pair, then every q and k head rotated with them.

@@ -173,22 +173,19 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
   if (stream) end_streaming_stores();
 }
 
-// The frequencies w_i * angle_scale of `prm`, kept for the calling thread's last parameters (compared
-// bit for bit, as the angle stream's tables are): formed on every call, their `half` float64 exps
-// took ~2 us of a 6 us decode step at dim 1024 (benchmarks/RESULTS.md, "Forty-third session").
-// Whole cache lines of their own: the other threads of the call read them while this one writes.
+// The frequencies w_i * angle_scale of `prm`, kept per thread (row_for_last_key): formed on every
+// call, their `half` float64 exps took 3 us of a 6 us decode step at dim 1024
+// (benchmarks/RESULTS.md, "Forty-third session").
 const double* frequencies_of(const SinusoidalParams& prm) {
-  static thread_local RowVector<double> freq;
-  static thread_local int64_t last_half = -1;
-  static thread_local double last[3];
-  const double now[3] = {prm.log_base, prm.freq_denom, prm.angle_scale};
-  if (prm.half != last_half || std::memcmp(now, last, sizeof(now)) != 0) {
-    freq.assign((prm.half + 7) / 8 * 8, 0.0);
+  struct Key {
+    int64_t half;
+    double log_base, freq_denom, angle_scale;
+  };
+  struct Caller;
+  const Key key{prm.half, prm.log_base, prm.freq_denom, prm.angle_scale};
+  return row_for_last_key<Caller>(key, nullptr, 0, prm.half, [&](double* freq) {
     for (int64_t i = 0; i < prm.half; ++i) freq[i] = prm.frequency(i);
-    last_half = prm.half;
-    std::memcpy(last, now, sizeof(now));
-  }
-  return freq.data();
+  });
 }
 
 template <typename T>

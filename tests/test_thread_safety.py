@@ -181,17 +181,20 @@ def test_copies_get_their_own_cache():
 
 @dataclasses.dataclass(frozen=True)
 class _HalvedPastOriginal(RopeScaling):
-    """A user scheme whose long regime is built from its own config's cached short frequencies."""
+    """A user scheme whose long regime is built from its own config's cached short frequencies (or,
+    a faulty one, ``of_itself``, from the long regime being made)."""
 
     rope_type: ClassVar[str] = "test-halved-past-32"
     needs_seq_len: ClassVar[bool] = True
+    of_itself: bool = False
 
     def regime(self, cfg, seq_len):
         return seq_len is not None and seq_len > 32
 
     def compute_inv_freq(self, cfg, seq_len):
         if seq_len is not None and seq_len > 32:
-            return cfg.inv_freq_on("cpu", 1) / 2  # the short regime's, through the cache being filled
+            # the short regime's, through the cache being filled
+            return cfg.inv_freq_on("cpu", seq_len if self.of_itself else 1) / 2
         return default_inv_freq(cfg.base, cfg.rotary_dim)
 
 
@@ -218,26 +221,10 @@ def test_a_scheme_reading_its_own_cache_while_it_is_filled_does_not_hang():
     torch.testing.assert_close(result["rotated"][1], ref_k, rtol=1e-12, atol=1e-12)
 
 
-@dataclasses.dataclass(frozen=True)
-class _LongReadsItself(RopeScaling):
-    """A faulty user scheme: its long regime is built from its own long regime's frequencies."""
-
-    rope_type: ClassVar[str] = "test-long-reads-itself"
-    needs_seq_len: ClassVar[bool] = True
-
-    def regime(self, cfg, seq_len):
-        return seq_len is not None and seq_len > 32
-
-    def compute_inv_freq(self, cfg, seq_len):
-        if seq_len is not None and seq_len > 32:
-            return cfg.inv_freq_on("cpu", seq_len) / 2
-        return default_inv_freq(cfg.base, cfg.rotary_dim)
-
-
 def test_a_scheme_that_needs_its_own_regime_to_make_it_gets_a_clear_error():
     """The fill that the long regime's own fill starts raises (it recursed until RecursionError), and
     nothing is kept for it: the next call raises the same way, and the short regime still works."""
-    cfg = RopeConfig(head_dim=D, base=500.0, scaling=_LongReadsItself())
+    cfg = RopeConfig(head_dim=D, base=500.0, scaling=_HalvedPastOriginal(of_itself=True))
     for _ in range(2):
         with pytest.raises(RuntimeError, match="needed to make itself"):
             cfg.inv_freq_on("cpu", 40)

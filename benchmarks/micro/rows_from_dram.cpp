@@ -30,13 +30,24 @@ using namespace posenc::cpu;
 constexpr int64_t kTokens = 4096, kQ = 32, kK = 8, kDim = 128, kPairs = 64;
 volatile float one = 1.0f;  // read at run time: the compiler may not fold x * 1 away
 
-template <bool kPrefetch>
+volatile float zero = 0.0f;
+
+// x * c; with kArithmetic the interleaved rotation's arithmetic as well (a pair swap, two multiplies
+// and an add a vector: x * c + swap(x) * 0) but not its loads of factor rows: whether the kernels'
+// distance from the floor comes with their instructions alone.
+template <bool kPrefetch, bool kArithmetic = false>
 __attribute__((noinline)) void floor_loop(float* x, int64_t n, int64_t distance) {
-  const __m256 f = _mm256_set1_ps(one);
+  const __m256 f = _mm256_set1_ps(one), z = _mm256_set1_ps(zero);
+  const auto step = [&](float* p) {
+    const __m256 a = _mm256_loadu_ps(p);
+    __m256 r = _mm256_mul_ps(a, f);
+    if constexpr (kArithmetic) r = _mm256_add_ps(r, _mm256_mul_ps(_mm256_permute_ps(a, 0xB1), z));
+    _mm256_storeu_ps(p, r);
+  };
   for (int64_t i = 0; i < n; i += 16) {
     if constexpr (kPrefetch) _mm_prefetch(reinterpret_cast<const char*>(x + i) + distance, _MM_HINT_T0);
-    _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), f));
-    _mm256_storeu_ps(x + i + 8, _mm256_mul_ps(_mm256_loadu_ps(x + i + 8), f));
+    step(x + i);
+    step(x + i + 8);
   }
 }
 
@@ -63,6 +74,9 @@ int main(int argc, char** argv) {
   const std::vector<std::pair<const char*, std::function<void()>>> cases = {
       {"floor (x * c)", [&] { floor_loop<false>(qp, q.size(), 0), floor_loop<false>(kp, k.size(), 0); }},
       {"floor, prefetching", [&] { floor_loop<true>(qp, q.size(), distance), floor_loop<true>(kp, k.size(), distance); }},
+      {"floor + rotation arithmetic", [&] {
+         floor_loop<true, true>(qp, q.size(), distance), floor_loop<true, true>(kp, k.size(), distance);
+       }},
       {"interleaved factor rows", [&] {
          for (int64_t t = 0; t < kTokens; ++t) {
            interleaved(qp + t * kQ * kDim, qp + t * kQ * kDim, kQ, kDim, kDim, kPairs, C_il, S_il);
@@ -82,7 +96,7 @@ int main(int argc, char** argv) {
   std::printf("float32 rows from DRAM, %lld bytes, prefetch %lld bytes ahead; 10th percentile of 60 rounds\n",
               static_cast<long long>((q.size() + k.size()) * sizeof(float)), static_cast<long long>(distance));
   for (size_t i = 0; i < cases.size(); ++i) {
-    std::printf("  %-26s %7.2f ms  %.3fx the floor\n", cases[i].first, p10[i], p10[i] / p10[0]);
+    std::printf("  %-28s %7.2f ms  %.3fx the floor\n", cases[i].first, p10[i], p10[i] / p10[0]);
   }
   return 0;
 }

@@ -193,7 +193,7 @@ class _HalvedPastOriginal(RopeScaling):
 
     def compute_inv_freq(self, cfg, seq_len):
         if seq_len is not None and seq_len > 32:
-            # the short regime's, through the cache being filled
+            # through the cache being filled: the short regime's (of_itself: this regime's)
             return cfg.inv_freq_on("cpu", seq_len if self.of_itself else 1) / 2
         return default_inv_freq(cfg.base, cfg.rotary_dim)
 
@@ -231,6 +231,7 @@ def test_a_scheme_that_needs_its_own_regime_to_make_it_gets_a_clear_error():
     q = torch.randn(1, 8, 2, D, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     got, _ = pn.apply_rope(q, None, torch.arange(8), config=cfg)
     torch.testing.assert_close(got, reference.apply_rope(q, None, torch.arange(8), cfg)[0], rtol=1e-12, atol=1e-12)
+
 
 @pytest.fixture
 def _fresh_dynamo():

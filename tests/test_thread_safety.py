@@ -193,8 +193,8 @@ class _HalvedPastOriginal(RopeScaling):
 
     def compute_inv_freq(self, cfg, seq_len):
         if seq_len is not None and seq_len > 32:
-            # through the cache being filled: the short regime's (of_itself: this regime's)
-            return cfg.inv_freq_on("cpu", seq_len if self.of_itself else 1) / 2
+            # through the cache being filled: the short regime's (of_itself, at 40: this regime's)
+            return cfg.inv_freq_on("cpu", seq_len if self.of_itself and seq_len == 40 else 1) / 2
         return default_inv_freq(cfg.base, cfg.rotary_dim)
 
 
@@ -223,11 +223,13 @@ def test_a_scheme_reading_its_own_cache_while_it_is_filled_does_not_hang():
 
 def test_a_scheme_that_needs_its_own_regime_to_make_it_gets_a_clear_error():
     """The fill that the long regime's own fill starts raises (it recursed until RecursionError), and
-    nothing is kept for it: the next call raises the same way, and the short regime still works."""
+    leaves nothing behind: the same regime made at another length (no self-read) is the short
+    regime's halved, and the short regime still works."""
     cfg = RopeConfig(head_dim=D, base=500.0, scaling=_HalvedPastOriginal(of_itself=True))
     for _ in range(2):
-        with pytest.raises(RuntimeError, match="needed to make itself"):
+        with pytest.raises(RuntimeError, match="needs that same tensor"):
             cfg.inv_freq_on("cpu", 40)
+    assert torch.equal(cfg.inv_freq_on("cpu", 41), default_inv_freq(500.0, D) / 2)
     q = torch.randn(1, 8, 2, D, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     got, _ = pn.apply_rope(q, None, torch.arange(8), config=cfg)
     torch.testing.assert_close(got, reference.apply_rope(q, None, torch.arange(8), cfg)[0], rtol=1e-12, atol=1e-12)

@@ -28,7 +28,7 @@ class TensorCache:
         self._entries: dict = {}
         # reentrant: a scheme's frequencies may read the cache of their own config (another regime's)
         self._lock = ForkSafeLock(reentrant=True)
-        self._making: set = set()  # (thread, key) whose make() runs
+        self._making = threading.local()  # .keys: this thread's keys whose make() runs
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -50,23 +50,16 @@ class TensorCache:
         only in a plain context and not while compiling (dynamo cannot trace the context queries;
         the tensor is then a graph constant). ``on_kept(t)`` runs under the lock when ``make``'s
         tensor is kept (not for one made for a trace or a transform). A ``make`` that needs its own key
-        (through another fill on this thread) raises RuntimeError instead of recursing."""
-        if torch.compiler.is_compiling() or not plain_context():
-            with untraced(), for_the_cache():
-                return make()
+        (through another fill on this thread) raises RuntimeError instead of recursing (:meth:`_made`)."""
+        compiling = torch.compiler.is_compiling()
+        if compiling or not plain_context():
+            with untraced(), for_the_cache():  # (dynamo would not trace the guard's thread-local)
+                return make() if compiling else self._made(key, make)
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
-                making = (threading.get_ident(), key)  # (by thread: a forked child keeps the set)
-                if making in self._making:
-                    raise RuntimeError(f"the cached tensor {key!r} is needed to make itself: a scheme's "
-                                       "frequencies read the regime they are making")
-                self._making.add(making)
-                try:
-                    with untraced(), for_the_cache():
-                        entry = (make(), set())
-                finally:
-                    self._making.discard(making)
+                with untraced(), for_the_cache():
+                    entry = (self._made(key, make), set())
                 if on_kept is not None:
                     on_kept(entry[0])
                 full = len(self._entries) >= self.max_entries
@@ -76,6 +69,20 @@ class TensorCache:
                 self._entries = entries
                 _EXTERNAL_READS.release(force=dropped_held)
         return read_from_cache(*entry)
+
+    def _made(self, key: Hashable, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``make()``, refused when this thread is already making ``key`` (it would recurse). Per
+        thread (a ``threading.local``), so a child forked while another thread makes a key starts
+        with none."""
+        making = self._making.__dict__.setdefault("keys", set())
+        if key in making:
+            raise RuntimeError(f"TensorCache: making the tensor for key {key!r} needs that same tensor (a "
+                               "RopeScaling whose compute_inv_freq reads the regime it computes?)")
+        making.add(key)
+        try:
+            return make()
+        finally:
+            making.discard(key)
 
 
 def _fake_mode_active() -> bool:

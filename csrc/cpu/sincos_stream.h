@@ -49,7 +49,8 @@ enum RowSlot { kStreamMath, kStreamF64, kStreamAxes, kFactorRows, kTableRows, kE
 template <typename Caller, typename Header, typename Fill>
 const double* row_for_last_key(const Header& header, const double* values, int64_t n_values, int64_t n,
                                Fill&& fill) {
-  // compared as bytes (doubles bit for bit): 8-byte fields, so no padding
+  // compared as bytes (doubles bit for bit): fields of 8 bytes, so no padding (which could only
+  // make a key miss, never hit a wrong row)
   static_assert(std::is_trivially_copyable_v<Header> && alignof(Header) == 8 && sizeof(Header) % 8 == 0);
   static thread_local RowVector<double> row;
   static thread_local Header last_header;
@@ -59,6 +60,7 @@ const double* row_for_last_key(const Header& header, const double* values, int64
                     static_cast<int64_t>(last_values.size()) == n_values &&
                     (n_values == 0 || std::memcmp(values, last_values.data(), n_values * sizeof(double)) == 0);
   if (!same) {
+    formed = false;  // (until the row and its key are whole: a throw on the way leaves no hit)
     row.assign((n + 7) / 8 * 8, 0.0);
     fill(row.data());
     last_header = header;

@@ -348,17 +348,20 @@ int64_t rotate_row_simd(const void* src_v, void* dst_v, int64_t rows, int64_t sr
 }
 
 // One vector of pairs' first elements a and one of their second elements b, rotated by the pairs'
-// cos c and sin s: a*c - b*s, b*c + a*s (core/rope.h, rotate_row_uniform), the inverse with the
-// signs swapped.
-template <class I, bool kInverse, class F>
-[[gnu::always_inline]] inline void rotate_uniform(F a, F b, F c, F s, F& out_a, F& out_b) {
-  if constexpr (!kInverse) {
-    out_a = I::sub(I::mul(a, c), I::mul(b, s));
-    out_b = I::add(I::mul(b, c), I::mul(a, s));
-  } else {
-    out_a = I::add(I::mul(a, c), I::mul(b, s));
-    out_b = I::sub(I::mul(b, c), I::mul(a, s));
-  }
+// cos at c and sin at s: a*c - b*s, b*c + a*s (core/rope.h, rotate_row_uniform), the inverse with the
+// signs swapped. With kFold each factor is read once per multiply, a compiler barrier between the two
+// reads, so GCC folds every read into its multiply instead of loading c and s into registers first:
+// float32 half-split rows from DRAM on one AMD Zen 3 thread (the kernel alone, in the op's order) went
+// from 1.12-1.18x to 1.04-1.05x the memory floor; 16-bit rows measured up to 5% slower with it, so
+// only float32 rows take it (benchmarks/RESULTS.md, "Forty-fifth session"). The barrier orders no
+// memory access the result depends on (a and b are already in registers); the bits are the same.
+template <class I, bool kInverse, bool kFold, class F>
+[[gnu::always_inline]] inline void rotate_uniform(F a, F b, const float* c, const float* s, F& out_a, F& out_b) {
+  const F ac = I::mul(a, I::loadf(c)), bs = I::mul(b, I::loadf(s));
+  if constexpr (kFold) asm("" ::: "memory");
+  const F bc = I::mul(b, I::loadf(c)), as = I::mul(a, I::loadf(s));
+  out_a = kInverse ? I::add(ac, bs) : I::sub(ac, bs);
+  out_b = kInverse ? I::sub(bc, as) : I::add(bc, as);
 }
 
 // isa.h, RotateUniformFn: K vectors of rows from element j with the pairs' cos c[i] and sin s[i]
@@ -376,6 +379,7 @@ template <class I, class D, bool kInterleaved, bool kInverse, class Mv, int K>
   constexpr int kBytes = K * W * sizeof(typename D::T);
   constexpr int kMove = K % 2 == 0 && kEvenOdd<IO> ? 2 : 1;
   static_assert(!kInterleaved || kMove == 2, "interleaved rows need an even/odd policy's pairs of vectors");
+  constexpr bool kFold = std::is_same_v<D, Float>;  // (rotate_uniform)
   prefetch_ahead<Mv::kPrefetch>(src + j, kBytes, distance);
   if constexpr (!kInterleaved) prefetch_ahead<Mv::kPrefetch>(src + pairs + j, kBytes, distance);
   for (int k = 0; k < K; k += kMove) {
@@ -383,13 +387,13 @@ template <class I, class D, bool kInterleaved, bool kInverse, class Mv, int K>
     typename I::F a[kMove], out_a[kMove];
     load_n<I, IO>(src + e, a);
     if constexpr (kInterleaved) {
-      rotate_uniform<I, kInverse>(a[0], a[1], I::loadf(c + e / 2), I::loadf(s + e / 2), out_a[0], out_a[1]);
+      rotate_uniform<I, kInverse, kFold>(a[0], a[1], c + e / 2, s + e / 2, out_a[0], out_a[1]);
       store_n<I, IO, Mv::kStream>(dst + e, out_a);
     } else {
       typename I::F b[kMove], out_b[kMove];
       load_n<I, IO>(src + pairs + e, b);
       for (int m = 0; m < kMove; ++m) {
-        rotate_uniform<I, kInverse>(a[m], b[m], I::loadf(c + e + m * W), I::loadf(s + e + m * W), out_a[m], out_b[m]);
+        rotate_uniform<I, kInverse, kFold>(a[m], b[m], c + e + m * W, s + e + m * W, out_a[m], out_b[m]);
       }
       store_n<I, IO, Mv::kStream>(dst + e, out_a);
       store_n<I, IO, Mv::kStream>(dst + pairs + e, out_b);

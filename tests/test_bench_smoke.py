@@ -196,3 +196,20 @@ def test_stream_accuracy_reports_errors_within_the_contract():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     errors = [float(line.rsplit(" ", 1)[1]) for line in proc.stdout.splitlines() if "max abs error" in line]
     assert len(errors) == 2 and all(0 < e <= 3.5e-7 for e in errors), proc.stdout
+
+
+PAIRING_RATIO = MICRO / "pairing_ratio.py"
+
+
+@pytest.mark.skipif(not PAIRING_RATIO.exists(), reason="benchmarks/ not in this tree")
+def test_pairing_ratio_runs_and_reports_both_pairings():
+    """pairing_ratio.py (which benchmarks/RESULTS.md cites) times the floor and both pairings and
+    prints each ratio, for the median and the minimum."""
+    proc = subprocess.run([sys.executable, str(PAIRING_RATIO), "--seq", "16", "--rounds", "5"], capture_output=True,
+                          text=True, timeout=600, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if "interleaved / half-split" in line]
+    assert [line.split()[0] for line in lines] == ["median", "min"], proc.stdout
+    for line in lines:
+        ratio = float(line.rsplit(" ", 1)[1])
+        assert 0 < ratio < 100, line

@@ -91,10 +91,9 @@ const double* frequencies_in_order(OrderRowFn order, const double* freq, int64_t
   struct Caller;
   const int64_t n = n_axes * pairs;
   return row_for_last_key<Caller>(Key{order, pairs}, freq, n, n, [&](double* ordered) {
-    static thread_local RowVector<float> index;  // (kept: dynamic NTK past its length misses every call)
-    index.resize(pairs);
+    float* index = thread_rows<float, kOrderIndex>(pairs);  // (kept: dynamic NTK past its length misses every call)
     for (int64_t j = 0; j < pairs; ++j) index[j] = static_cast<float>(j);
-    order(index.data(), pairs);
+    order(index, pairs);
     for (int64_t a = 0; a < n_axes; ++a) {
       for (int64_t j = 0; j < pairs; ++j) ordered[a * pairs + j] = freq[a * pairs + static_cast<int64_t>(index[j])];
     }

@@ -39,7 +39,7 @@ T* thread_rows(int64_t n) {
   if (static_cast<int64_t>(rows.size()) < n) rows = RowVector<T>(n);
   return rows.data();
 }
-enum RowSlot { kStreamMath, kStreamF64, kStreamAxes, kFactorRows, kTableRows, kEncodingRows, kStreamedRow };
+enum RowSlot { kStreamMath, kStreamF64, kStreamAxes, kFactorRows, kTableRows, kEncodingRows, kStreamedRow, kOrderIndex };
 
 // The calling thread's row of n doubles that fill(row) forms for a key (a Header of 8-byte fields,
 // then n_values doubles), kept for the thread's last key, compared bit for bit as the stream's

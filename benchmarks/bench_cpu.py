@@ -67,11 +67,11 @@ def bench(fn: Callable[[], object], settings: Settings) -> float:
     return 1e3 * settings.stat(times)
 
 
-def bench_together(fns: list[Callable[[], object]], settings: Settings) -> list[float]:
-    """Median wall time (ms) of each of fns, timed in alternation (one call of each per round), so
-    load from other processes on a shared machine drifts into all of them alike and their ratios
-    stay meaningful. Each round runs them in a new order (seeded, so runs repeat): a call pays for
-    the dirty cache lines the call before it left, and in a fixed order one function would always
+def time_together(fns: list[Callable[[], object]], settings: Settings) -> list[list[float]]:
+    """Wall times (seconds) of every call of each of fns, timed in alternation (one call of each per
+    round), so load from other processes on a shared machine drifts into all of them alike and their
+    ratios stay meaningful. Each round runs them in a new order (seeded, so runs repeat): a call pays
+    for the dirty cache lines the call before it left, and in a fixed order one function would always
     follow the same other (an in-place RoPE call measured 3-7% slower after the in-place floor than
     in shuffled order; benchmarks/RESULTS.md)."""
     for fn in fns:
@@ -85,7 +85,12 @@ def bench_together(fns: list[Callable[[], object]], settings: Settings) -> list[
             t0 = settings.clock()
             fns[i]()
             times[i].append(settings.clock() - t0)
-    return [1e3 * settings.stat(ts) for ts in times]
+    return times
+
+
+def bench_together(fns: list[Callable[[], object]], settings: Settings) -> list[float]:
+    """``settings.stat`` (median by default) of each of fns' times from `time_together`, in ms."""
+    return [1e3 * settings.stat(ts) for ts in time_together(fns, settings)]
 
 
 @dataclass

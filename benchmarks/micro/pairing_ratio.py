@@ -1,9 +1,12 @@
 """In-place RoPE of the bench's prefill shapes, half-split and interleaved, against the in-place floor,
-every call timed in one process in shuffled alternation: the ratio of the two pairings (interleaved /
-half-split) moves far less with the host's memory speed than either's ratio to the floor, so a change
-to one pairing's kernel shows against the other as its control. Compare builds by swapping the
-installed library between runs, several times each: where a kernel's code lands in the library
-moved this ratio by 2-4% with the same instructions (benchmarks/RESULTS.md, "Forty-sixth session").
+every call timed in one process in shuffled alternation (bench_cpu.py's `time_together`), printing
+each pairing's ratio to the floor and interleaved / half-split. At 4096 tokens (rows from DRAM) that
+last ratio moved far less with the host's memory speed than either ratio to the floor, so a change
+to one pairing's kernel shows against the other as its control; at 1024-2048 tokens, where the rows
+are partly in cache, it moved by as much as 0.97-1.15 with the same library minutes apart, so
+compare there only runs taken back to back. Compare builds by swapping the installed library
+between runs, several times each: where a kernel's code lands in the library moved the 4096-token
+ratio by 2-4% with the same instructions (benchmarks/RESULTS.md, "Forty-sixth session").
 
 q [1,S,32,128] and k [1,S,8,128] in place with `apply_rope_(inv_freq=)`; the floor is
 `q.mul_(c); k.mul_(c)`; median (and minimum) of `--rounds` calls of each.
@@ -13,13 +16,16 @@ q [1,S,32,128] and k [1,S,8,128] in place with `apply_rope_(inv_freq=)`; the flo
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 
-import posenc_native as pn
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_cpu import Settings, default_inv_freq, time_together  # noqa: E402
+
+import posenc_native as pn  # noqa: E402
 
 
 def main() -> None:
@@ -30,7 +36,7 @@ def main() -> None:
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     dim = 128
-    inv_freq = 1.0 / 10000 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    inv_freq = default_inv_freq(dim)
     q = torch.randn(1, args.seq, 32, dim).to(dtype)
     k = torch.randn(1, args.seq, 8, dim).to(dtype)
     c = torch.tensor(1.0001, dtype=dtype)
@@ -39,18 +45,8 @@ def main() -> None:
         "half-split": lambda: pn.apply_rope_(q, k, inv_freq=inv_freq, interleaved=False),
         "interleaved": lambda: pn.apply_rope_(q, k, inv_freq=inv_freq, interleaved=True),
     }
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    order = random.Random(0)
-    for call in calls.values():
-        for _ in range(3):
-            call()
-    for _ in range(args.rounds):
-        names = list(calls)
-        order.shuffle(names)
-        for name in names:
-            t0 = time.perf_counter()
-            calls[name]()
-            times[name].append(time.perf_counter() - t0)
+    settings = Settings(quick=False, warmup=3, repeat=args.rounds, min_time=0.0, compile=False)
+    times = dict(zip(calls, time_together(list(calls.values()), settings)))
     print(f"CPU path {pn.build_info()['cpu_isa']}, {args.dtype}, q [1,{args.seq},32,{dim}], "
           f"k [1,{args.seq},8,{dim}], in place, {torch.get_num_threads()} threads, {args.rounds} rounds")
     for stat in (statistics.median, min):

@@ -63,7 +63,8 @@ using RotateUniformFn = int64_t (*)(const void* src, void* dst, int64_t rows, in
 
 // The sinusoidal ops' rows (cpu/sinusoidal_cpu.cpp): out[d] = x[d] * x_scale + pe[d] (add_sinusoidal,
 // x's lines prefetched as the RoPE rows' are: Moves) or, where x is nullptr, out[d] = pe[d] (a
-// table row formed in float32), over the whole vectors of n contiguous elements; returns the
+// table row formed in float32), over the whole vectors of n contiguous elements, written with
+// non-temporal stores in the Streaming tables (out then on the vectors' alignment); returns the
 // elements done, the rest left to the compiled loop.
 using EncodingRowFn = int64_t (*)(void* out, const void* x, float x_scale, const float* pe, int64_t n);
 

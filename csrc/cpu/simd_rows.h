@@ -464,7 +464,8 @@ void even_odd_row(float* row, int64_t n) {
 // multiply and add of the compiled loop, so the same bits. Without x, the conversion alone. For
 // 16-bit rows only: fp16 rows are where it counts (the compiled loop's conversion, without F16C,
 // took add_sinusoidal from 1.25x to 5x the time of x * c), bf16's on the AVX-512 paths gained too
-// (1.3x -> 0.9x), and float32's compiled loop measured as fast (benchmarks/RESULTS.md).
+// (1.3x -> 0.9x), and float32's compiled loop measured as fast (benchmarks/RESULTS.md). With
+// Mv::kStream it writes the output itself with non-temporal stores (cpu/sinusoidal_cpu.cpp, RowsPlan).
 template <class I, class D, class Mv>
 int64_t encoding_row_simd(void* out_v, const void* x_v, float x_scale, const float* pe, int64_t n) {
   using T = typename D::T;
@@ -475,11 +476,13 @@ int64_t encoding_row_simd(void* out_v, const void* x_v, float x_scale, const flo
   T* out = static_cast<T*>(out_v);
   const int64_t full = n / W * W;
   if (!x) {
-    for (int64_t d = 0; d < full; d += W) IO::store(out + d, I::loadf(pe + d));
+    for (int64_t d = 0; d < full; d += W) IO::template store<Mv::kStream>(out + d, I::loadf(pe + d));
     return full;
   }
   const typename I::F scale = I::set1(x_scale);
-  const auto add = [&](int64_t d) { IO::store(out + d, I::add(I::mul(IO::load(x + d), scale), I::loadf(pe + d))); };
+  const auto add = [&](int64_t d) {
+    IO::template store<Mv::kStream>(out + d, I::add(I::mul(IO::load(x + d), scale), I::loadf(pe + d)));
+  };
   const int64_t distance = Mv::kPrefetch ? cpu_prefetch().distance : 0;
   const int64_t lines = n / (kPerLine * W) * (kPerLine * W);
   for (int64_t d = 0; d < lines; d += kPerLine * W) {

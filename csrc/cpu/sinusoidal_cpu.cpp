@@ -86,17 +86,24 @@ void add_encoding_prefetched(T* __restrict__ out, const T* x, M x_scale, const M
 // first and converted by the compiled loop, 1.0 ms by the kernel. float32 and bf16 rows are written
 // as formed: the compiler vectorizes bf16's conversion (from_math_finite). A [32768, 1024] bf16
 // table on one thread of an Intel Xeon took 7.7 ms so on every path; formed in float32 first, as
-// long with the AVX-512 kernels and 8% longer with the AVX2 one.
+// long with the AVX-512 kernels and 8% longer with the AVX2 one. Streamed rows (RowsPlan::direct)
+// are the exception: there bf16 rows are formed in float32 too.
 template <typename T>
 constexpr bool kTableFormedInFloat = std::is_same_v<T, c10::Half>;
 
 // How a call's rows are written, decided once per call (run_typed):
-//   stream: each output row formed in L1 and streamed out (cpu/isa.h, Streaming);
+//   stream: the output written with non-temporal stores (cpu/isa.h, Streaming): each row formed
+//     in L1 and streamed out, or with direct, streamed by the SIMD kernel itself (16-bit rows on
+//     64-byte boundaries). Without the row's copy, on two AMD Zen 3 cores, a [32768, 1024] fp16
+//     table went from 5.3-6.2 to 3.4-3.5 ms, add_sinusoidal of [8, 4096, 1024] from 6.2-6.4 to
+//     4.5-4.9 ms (bf16) and 4.1-4.7 to 3.0-3.8 ms (fp16); the bf16 table, whose conversion is its
+//     cost, stayed at 4.9 ms (benchmarks/RESULTS.md, "Forty-seventh session");
 //   x_ahead: how far ahead add_sinusoidal prefetches x's rows (0: not at all);
 //   simd: the SIMD kernel (isa.h, EncodingRowFn) for add_sinusoidal's contiguous rows and the
-//     table's rows formed in float32 (kTableFormedInFloat), where the path has one.
+//     table's rows formed in float32, where the path has one.
 struct RowsPlan {
   bool stream = false;
+  bool direct = false;
   int64_t x_ahead = 0;
   EncodingRowFn simd = nullptr;
 };
@@ -118,14 +125,15 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
   // A block's encoding rows, and a row formed in L1 to be streamed out (run_typed), in this thread's
   // buffers (sincos_stream.h): as vectors they were allocated and zeroed per call, 64 KiB for a
   // 1024-dim decode step's one row (~1 us of ~5 us).
-  M* pe_rows = p.x || kTableFormedInFloat<T>
-                   ? thread_rows<M, kEncodingRows>(std::min<int64_t>(kBlock, end - begin) * dim)
-                   : nullptr;
-  T* row = stream ? thread_rows<T, kStreamedRow>(dim) : nullptr;
+  // (direct is set only where M is float: the SIMD kernels are 16-bit rows')
+  const bool table_in_float = kTableFormedInFloat<T> || plan.direct;
+  M* pe_rows = p.x || table_in_float ? thread_rows<M, kEncodingRows>(std::min<int64_t>(kBlock, end - begin) * dim)
+                                     : nullptr;
+  T* row = stream && !plan.direct ? thread_rows<T, kStreamedRow>(dim) : nullptr;
   const auto add_row = [&](int64_t b, int64_t s, const M* pe) {
     T* out = static_cast<T*>(p.out) + b * p.out_stride_b + s * p.out_stride_s;
     const T* x = static_cast<const T*>(p.x) + b * p.x_stride_b + s * p.x_stride_s;
-    T* sum = stream ? row : out;
+    T* sum = row ? row : out;
     int64_t done = 0;  // by the SIMD kernel
     if constexpr (std::is_same_v<M, float>) {
       if (simd) done = simd(sum, x, static_cast<M>(p.x_scale), pe, dim);
@@ -139,7 +147,7 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
     } else {
       add_encoding(sum, x, p.x_stride_d, static_cast<M>(p.x_scale), pe, dim);
     }
-    if (stream) copy_row(out, sum, dim * sizeof(T), true);
+    if (row) copy_row(out, row, dim * sizeof(T), true);
   };
   for (int64_t block = begin; block < end; block += kBlock) {
     const int64_t n = std::min<int64_t>(kBlock, end - block);
@@ -151,15 +159,16 @@ POSENC_CPU_CLONES void sinusoidal_rows(const SinusoidalProblem& p, const double*
         continue;
       }
       T* out = static_cast<T*>(p.out) + u % p.seq * p.out_stride_s;  // the table: batch 1
-      T* dst = stream ? row : out;
-      if constexpr (kTableFormedInFloat<T>) {
+      T* dst = row ? row : out;
+      if (table_in_float) {
         angles.at(position_of, EncodingRow<M>{prm, pe_rows});
-        const int64_t done = simd ? simd(dst, nullptr, 0.0f, pe_rows, dim) : 0;
+        int64_t done = 0;
+        if constexpr (std::is_same_v<M, float>) done = simd ? simd(dst, nullptr, 0.0f, pe_rows, dim) : 0;
         for (int64_t d = done; d < dim; ++d) dst[d] = from_math<T>(pe_rows[d]);
       } else {
         angles.at(position_of, EncodingRow<T>{prm, dst});
       }
-      if (stream) copy_row(out, row, dim * sizeof(T), true);
+      if (row) copy_row(out, row, dim * sizeof(T), true);
     }
     if (!p.x) continue;
     if (p.pos_stride_b == 0) {
@@ -210,9 +219,13 @@ void run_typed(const SinusoidalProblem& p) {
   if constexpr (kRowDtype<T> >= 0) {
     const int64_t bytes = out_rows * p.params.dim * element;
     const bool wide = cpu_vector_width().wide(kRowDtype<T>, bytes);
-    const bool rows = p.x ? p.x_stride_d == 1 : kTableFormedInFloat<T>;
-    if (const RowKernels* k = rows ? row_kernels(cpu_isa(), plan.x_ahead > 0, false, wide) : nullptr) {
+    // Streamed by the kernel itself where every row starts on a 64-byte boundary (the widest
+    // kernel's non-temporal store needs its vector's alignment).
+    const bool direct = plan.stream && rows_aligned(p.out, {p.out_stride_b, p.out_stride_s}, element, 64);
+    const bool rows = p.x ? p.x_stride_d == 1 : kTableFormedInFloat<T> || direct;
+    if (const RowKernels* k = rows ? row_kernels(cpu_isa(), plan.x_ahead > 0, direct, wide) : nullptr) {
       plan.simd = k->encoding[kRowDtype<T>];
+      plan.direct = direct && plan.simd != nullptr;
     }
   }
   torch::stable::parallel_for(0, units, grain, [&](int64_t begin, int64_t end) {

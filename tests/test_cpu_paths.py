@@ -72,9 +72,9 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
                 for interleaved in (False, True):
                     out += list(torch.ops.posenc.rope(q, k, pos, None, inv, 1.0, interleaved, "bshd", 0, False))
     # the sinusoidal ops' rows (csrc/cpu/sinusoidal_cpu.cpp: 16-bit rows by the SIMD kernel):
-    # contiguous rows of whole vectors, with a tail, fewer than a vector, odd; strided x; per-batch
-    # positions; the tables in both layouts
-    for shape in ((2, 9, 512), (2, 9, 130), (3, 5, 7), (2, 70, 33)):
+    # contiguous rows of whole lines, with a vector and two elements past them, fewer than a vector, odd;
+    # strided x; per-batch positions; the tables in both layouts
+    for shape in ((2, 9, 512), (2, 9, 138), (3, 5, 7), (2, 70, 33)):
         x = torch.randn(shape, generator=g).to(dtype)
         pos = torch.randint(0, 1 << 20, shape[:2], generator=g)
         out.append(pn.add_sinusoidal(x, offset=5, x_scale=1.7))

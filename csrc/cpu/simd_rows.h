@@ -115,6 +115,11 @@ struct Io<Avx2, Half> {
   static void store(uint16_t* p, __m256 v) {
     put<kStream>(p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
+  template <bool kStream = false>
+  static void store_pair(uint16_t* p, __m256 lo, __m256 hi) {
+    put<kStream>(p, _mm256_set_m128i(_mm256_cvtps_ph(hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                                     _mm256_cvtps_ph(lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+  }
 };
 
 template <>
@@ -134,6 +139,11 @@ struct Io<Avx2, BFloat16> {
     const __m256i r = round(v);  // packus works per 128-bit lane: keep quadwords 0 and 2
     const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
     put<kStream>(p, _mm256_castsi256_si128(packed));
+  }
+  template <bool kStream = false>
+  static void store_pair(uint16_t* p, __m256 lo, __m256 hi) {
+    const __m256i packed = _mm256_packus_epi32(round(lo), round(hi));  // lo 0-3, hi 0-3 | lo 4-7, hi 4-7
+    put<kStream>(p, _mm256_permute4x64_epi64(packed, 0xD8));
   }
   // 16 values as two vectors of the even and of the odd elements (kEvenOdd: the rows the kernels
   // read are reordered to match, even_odd_row): a bf16 is the high half of a float32, so this is a shift
@@ -460,36 +470,52 @@ void even_odd_row(float* row, int64_t n) {
   for (int64_t j = 0; j < twos; j += 2 * W) I::split_even_odd(row + j);
 }
 
+// out[d, d + K * W) from value(d) (and value(d + W)): with K = 2, one store of both vectors, where
+// the policy has one (store_pair: Avx2's 16-bit rows, a 32-byte store instead of two 16-byte ones).
+template <class I, class IO, bool kStream, int K, typename T, typename Value>
+[[gnu::always_inline]] inline void store_contiguous(T* out, int64_t d, const Value& value) {
+  if constexpr (K == 2) {
+    IO::template store_pair<kStream>(out + d, value(d), value(d + I::kLanes));
+  } else {
+    IO::template store<kStream>(out + d, value(d));
+  }
+}
+
 // isa.h, EncodingRowFn: a 64-byte line of x per step (with its prefetch), then single vectors; the
 // multiply and add of the compiled loop, so the same bits. Without x, the conversion alone. For
 // 16-bit rows only: fp16 rows are where it counts (the compiled loop's conversion, without F16C,
 // took add_sinusoidal from 1.25x to 5x the time of x * c), bf16's on the AVX-512 paths gained too
 // (1.3x -> 0.9x), and float32's compiled loop measured as fast (benchmarks/RESULTS.md). With
-// Mv::kStream it writes the output itself with non-temporal stores (cpu/sinusoidal_cpu.cpp, RowsPlan).
+// Mv::kStream it writes the output itself with non-temporal stores (cpu/sinusoidal_cpu.cpp, RowsPlan),
+// two vectors a store where the policy can: on two AMD Zen 3 cores, a streamed [32768, 1024] bf16
+// table went from 5.0-5.1 to 4.6 ms, add_sinusoidal of [8, 4096, 1024] bf16 from 4.5-4.7 to
+// 3.9-4.2 ms, fp16's as fast either way (benchmarks/RESULTS.md, "Forty-seventh session").
 template <class I, class D, class Mv>
 int64_t encoding_row_simd(void* out_v, const void* x_v, float x_scale, const float* pe, int64_t n) {
   using T = typename D::T;
   using IO = Io<I, D>;
   constexpr int W = I::kLanes;
   constexpr int kPerLine = 64 / (W * sizeof(T)) > 0 ? 64 / (W * sizeof(T)) : 1;  // vectors
+  constexpr int kPair =
+      kPerLine % 2 == 0 && requires(T* p, typename I::F v) { IO::template store_pair<false>(p, v, v); } ? 2 : 1;
   const T* x = static_cast<const T*>(x_v);
   T* out = static_cast<T*>(out_v);
   const int64_t full = n / W * W;
+  const int64_t lines = n / (kPerLine * W) * (kPerLine * W);
   if (!x) {
-    for (int64_t d = 0; d < full; d += W) IO::template store<Mv::kStream>(out + d, I::loadf(pe + d));
+    const auto converted = [&](int64_t d) { return I::loadf(pe + d); };
+    for (int64_t d = 0; d < lines; d += kPair * W) store_contiguous<I, IO, Mv::kStream, kPair>(out, d, converted);
+    for (int64_t d = lines; d < full; d += W) store_contiguous<I, IO, Mv::kStream, 1>(out, d, converted);
     return full;
   }
   const typename I::F scale = I::set1(x_scale);
-  const auto add = [&](int64_t d) {
-    IO::template store<Mv::kStream>(out + d, I::add(I::mul(IO::load(x + d), scale), I::loadf(pe + d)));
-  };
+  const auto sum = [&](int64_t d) { return I::add(I::mul(IO::load(x + d), scale), I::loadf(pe + d)); };
   const int64_t distance = Mv::kPrefetch ? cpu_prefetch().distance : 0;
-  const int64_t lines = n / (kPerLine * W) * (kPerLine * W);
   for (int64_t d = 0; d < lines; d += kPerLine * W) {
     prefetch_ahead<Mv::kPrefetch>(x + d, 64, distance);
-    for (int k = 0; k < kPerLine; ++k) add(d + k * W);
+    for (int k = 0; k < kPerLine; k += kPair) store_contiguous<I, IO, Mv::kStream, kPair>(out, d + k * W, sum);
   }
-  for (int64_t d = lines; d < full; d += W) add(d);
+  for (int64_t d = lines; d < full; d += W) store_contiguous<I, IO, Mv::kStream, 1>(out, d, sum);
   return full;
 }
 

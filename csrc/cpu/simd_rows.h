@@ -111,15 +111,11 @@ struct Io<Avx2, Float> {
 template <>
 struct Io<Avx2, Half> {
   static __m256 load(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static __m128i round(__m256 v) { return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   template <bool kStream = false>
-  static void store(uint16_t* p, __m256 v) {
-    put<kStream>(p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  }
+  static void store(uint16_t* p, __m256 v) { put<kStream>(p, round(v)); }
   template <bool kStream = false>
-  static void store_pair(uint16_t* p, __m256 lo, __m256 hi) {
-    put<kStream>(p, _mm256_set_m128i(_mm256_cvtps_ph(hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
-                                     _mm256_cvtps_ph(lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
-  }
+  static void store_pair(uint16_t* p, __m256 lo, __m256 hi) { put<kStream>(p, _mm256_set_m128i(round(hi), round(lo))); }
 };
 
 template <>

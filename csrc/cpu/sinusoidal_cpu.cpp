@@ -95,9 +95,9 @@ constexpr bool kTableFormedInFloat = std::is_same_v<T, c10::Half>;
 //   stream: the output written with non-temporal stores (cpu/isa.h, Streaming): each row formed
 //     in L1 and streamed out, or with direct, streamed by the SIMD kernel itself (16-bit rows on
 //     64-byte boundaries). Without the row's copy, on two AMD Zen 3 cores, a [32768, 1024] fp16
-//     table went from 5.3-6.2 to 3.4-3.5 ms, add_sinusoidal of [8, 4096, 1024] from 6.2-6.4 to
-//     4.5-4.9 ms (bf16) and 4.1-4.7 to 3.0-3.8 ms (fp16); the bf16 table, whose conversion is its
-//     cost, stayed at 4.9 ms (benchmarks/RESULTS.md, "Forty-seventh session");
+//     table went from 5.4-5.5 to 3.5-3.7 ms, add_sinusoidal of [8, 4096, 1024] from 5.9-6.2 to
+//     4.5-4.8 ms (bf16) and 3.5-4.1 to 3.1-3.6 ms (fp16); the bf16 table, whose conversion is its
+//     cost, stayed at 5.0-5.2 ms (benchmarks/RESULTS.md, "Forty-seventh session");
 //   x_ahead: how far ahead add_sinusoidal prefetches x's rows (0: not at all);
 //   simd: the SIMD kernel (isa.h, EncodingRowFn) for add_sinusoidal's contiguous rows and the
 //     table's rows formed in float32, where the path has one.

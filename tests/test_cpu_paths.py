@@ -37,7 +37,7 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
     # Prefetch::from_bytes)
     for seq, head_dim, rot, pad in ((9, 128, 128, 0), (9, 72, 72, 0), (9, 40, 40, 0), (9, 42, 42, 0), (9, 6, 6, 0),
                                     (9, 96, 64, 0), (9, 40, 8, 0), (9, 42, 42, 6), (9, 128, 128, 8),
-                                    (64, 128, 128, 0), (64, 42, 42, 6)):
+                                    (64, 128, 128, 0), (64, 42, 42, 6), (64, 96, 64, 0)):
         q = torch.randn(2, seq, 4, head_dim + pad, generator=g).to(dtype)[..., :head_dim]
         k = torch.randn(2, seq, 2, head_dim + pad, generator=g).to(dtype)[..., :head_dim]
         inv = 1.0 / 10000 ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot)

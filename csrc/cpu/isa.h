@@ -22,9 +22,11 @@
 // rows too where they stay in cache (cpu_vector_width; POSENC_CPU_VECTOR_BITS=256|512 overrides).
 // Neither changes bits.
 //
-// Interleaved rows with angles from frequencies (every dtype) use the factor-row kernels: for
-// float32 they measured 9-17% faster than the compiler-vectorized rotate_row_uniform (core/rope.h)
-// on cache-resident rows and as fast from DRAM (benchmarks/RESULTS.md).
+// Interleaved rows with angles from frequencies use the factor-row kernels: for float32 they
+// measured 9-17% faster than the compiler-vectorized rotate_row_uniform (core/rope.h) on
+// cache-resident rows and as fast from DRAM (benchmarks/RESULTS.md). The exceptions read the
+// token's cos/sin row itself (RotateUniformFn): bf16's even/odd kernels, and float32 rows in 256-bit
+// vectors where the call prefetches (rows from DRAM; simd_rows.h, PairsIsa).
 //
 // This header includes nothing from torch: the rows_*.cpp files include it with other -m flags.
 #pragma once
@@ -57,7 +59,7 @@ using OrderRowFn = void (*)(float* row, int64_t n);
 // A SIMD row kernel for one cos/sin row indexed by pair (angles from frequencies, as core/rope.h
 // rotate_row_uniform, same bits): two factor loads per block of pairs instead of four, and no
 // per-token factor rows. Same contract as RotateRowFn otherwise (half-split: cos and sin in the
-// order of order[]; interleaved: in pair order).
+// order of order[]; interleaved: in the order of pair_order[], nullptr meaning pair order).
 using RotateUniformFn = int64_t (*)(const void* src, void* dst, int64_t rows, int64_t src_stride,
                                     int64_t dst_stride, int64_t pairs, const float* cos, const float* sin);
 
@@ -79,6 +81,7 @@ enum RowDtype : int { kRowFloat = 0, kRowBFloat16 = 1, kRowHalf = 2 };
 struct RowKernels {
   RotateRowFn rotate[3][2];          // [RowDtype][interleaved]
   OrderRowFn order[3];               // [RowDtype]: the order both kinds of kernel read their rows in
+  OrderRowFn pair_order[3];          // [RowDtype]: the pair order of an interleaved uniform kernel's cos/sin
   RotateUniformFn uniform[3][2][2];  // [RowDtype][interleaved][inverse]; interleaved: even/odd policies only
   EncodingRowFn encoding[3];         // [RowDtype]
   WidenRowFn widen[3];               // [RowDtype]; fp16 only (bf16's compiled conversion, a shift, measured faster)

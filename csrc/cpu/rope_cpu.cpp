@@ -103,7 +103,8 @@ const double* frequencies_in_order(OrderRowFn order, const double* freq, int64_t
 // Tokens [begin, end): per token the factor rows of every pair, then every q and k head rotated with them.
 template <typename T, bool kInterleaved, bool kInverse>
 POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, OrderRowFn order,
-                                   RotateUniformFn uniform, WidenRowFn widen, int64_t begin, int64_t end) {
+                                   RotateUniformFn uniform, OrderRowFn pair_order, WidenRowFn widen, int64_t begin,
+                                   int64_t end) {
   using M = math_t<T>;
   const int64_t pairs = p.pairs();
   // Factor rows on 64-byte boundaries, so no vector load of them straddles two cache lines (none
@@ -111,14 +112,15 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
   constexpr int64_t kAlign = 64 / sizeof(M);
   const int64_t row_len = (p.rot_dim + kAlign - 1) / kAlign * kAlign;
   // Only bf16 rows have an even/odd policy (AVX2's; simd_rows.h, order_row): the other dtypes'
-  // loops are compiled without its reordering and its interleaved uniform rows (the reordering's
-  // code in the fp16 loop measured ~2-5% slower).
+  // loops are compiled without its reordering (the reordering's code in the fp16 loop measured
+  // ~2-5% slower). Interleaved uniform kernels: bf16's even/odd one and float32's (AVX2 vectors).
   constexpr bool kMayBeEvenOdd = std::is_same_v<T, c10::BFloat16>;
+  constexpr bool kMayBeUniformInterleaved = kMayBeEvenOdd || std::is_same_v<T, float>;
   // One cos/sin row per token, no factor rows: half-split float32 (SIMD kernel or, on the portable
-  // path, the compiled loop) and the dtypes whose path has a uniform kernel; interleaved, the
-  // even/odd policy's. The other interleaved rows use the factor rows (cpu/isa.h).
+  // path, the compiled loop) and the dtypes whose path has a uniform kernel, interleaved as well.
+  // The other interleaved rows use the factor rows (cpu/isa.h).
   const bool uniform_rows =
-      p.inv_freq && (kInterleaved ? kMayBeEvenOdd && uniform : std::is_same_v<T, float> || uniform);
+      p.inv_freq && (kInterleaved ? kMayBeUniformInterleaved && uniform : std::is_same_v<T, float> || uniform);
   M* C = uniform_rows ? nullptr : thread_rows<M, kFactorRows>(2 * row_len);
   M* S = uniform_rows ? nullptr : C + row_len;
   const auto rotate_token = [&](int64_t b, int64_t s) {
@@ -142,6 +144,9 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
     if constexpr (kMayBeEvenOdd && !kInterleaved) {
       if (order && uniform_rows) freq = frequencies_in_order(order, freq, pairs, p.n_axes);
     }
+    if constexpr (kMayBeUniformInterleaved && kInterleaved) {
+      if (pair_order && uniform_rows) freq = frequencies_in_order(pair_order, freq, pairs, p.n_axes);
+    }
     // Positions without an axis dim (stride 0) give every axis the same id (text tokens).
     SinCosStream<M> angles(freq, pairs, static_cast<M>(p.attention_factor), p.n_axes, p.pos_stride_a == 0);
     const auto position_of = [&](int64_t a) { return p.position(tb, ts, a); };  // token (tb, ts) on axis a
@@ -157,7 +162,7 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
     // half-split loops measured 3-10% slower on one head.)
     for (int64_t t = begin; t < end; ++t, next_token()) {
       if constexpr (kInterleaved) {
-        if (uniform_rows) {  // (bf16 only: a constant false in the other loops)
+        if (uniform_rows) {  // (bf16 and float32 only: a constant false in the other loops)
           angles.at(position_of);
           rotate_token_uniform();
           continue;
@@ -217,6 +222,7 @@ void run_typed(const RopeProblem& p) {
   RotateRowFn simd = nullptr;
   OrderRowFn order = nullptr;
   RotateUniformFn uniform = nullptr;  // from frequencies only
+  OrderRowFn pair_order = nullptr;
   WidenRowFn widen = nullptr;         // a given fp16 cos/sin table only (cpu/isa.h, RowKernels)
   const int64_t tokens = p.batch * p.seq;
   const int64_t per_token = std::max<int64_t>((p.q.heads + p.k.heads) * p.head_dim, 1);  // elements
@@ -230,12 +236,13 @@ void run_typed(const RopeProblem& p) {
       simd = k->rotate[kRowDtype<T>][kInterleaved ? 1 : 0];
       order = k->order[kRowDtype<T>];
       if (p.inv_freq) uniform = k->uniform[kRowDtype<T>][kInterleaved ? 1 : 0][kInverse ? 1 : 0];
+      pair_order = k->pair_order[kRowDtype<T>];
       if (!p.inv_freq) widen = k->widen[kRowDtype<T>];
     }
   }
   const int64_t grain = std::max<int64_t>(1, 32768 / per_token);
   const auto run = [&](int64_t begin, int64_t end) {
-    rope_tokens<T, kInterleaved, kInverse>(p, simd, order, uniform, widen, begin, end);
+    rope_tokens<T, kInterleaved, kInverse>(p, simd, order, uniform, pair_order, widen, begin, end);
     if (stream) end_streaming_stores();
   };
   if (tokens <= grain) {  // one chunk (a decode step): as parallel_for would run it, without its ~50 ns

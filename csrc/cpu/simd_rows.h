@@ -108,6 +108,29 @@ struct Io<Avx2, Float> {
   static void store(float* p, __m256 v) { put<kStream>(p, v); }
 };
 
+// float32 interleaved rows for the uniform kernels (one cos/sin row per token instead of factor
+// rows): two vectors of 8 pairs as a vector of their first elements and one of their second, by a
+// shuffle within each 128-bit lane on load and an unpack on store (no lane-crossing permute). Each
+// lane then holds two pairs of the first vector and two of the second, so the kernel reads cos and
+// sin in that order (pair_order_row; frequencies in that order: rope_cpu.cpp). A policy of its own:
+// the factor-row kernels keep Io<Avx2, Float>'s row order.
+struct Avx2Pairs : Avx2 {};
+
+template <>
+struct Io<Avx2Pairs, Float> : Io<Avx2, Float> {
+  static constexpr bool kEvenOdd = true;
+  static void load2(const float* p, __m256& a, __m256& b) {
+    const __m256 v0 = _mm256_loadu_ps(p), v1 = _mm256_loadu_ps(p + 8);
+    a = _mm256_shuffle_ps(v0, v1, 0x88);  // per lane: elements 0, 2 of v0, then 0, 2 of v1
+    b = _mm256_shuffle_ps(v0, v1, 0xDD);  // 1, 3 of v0, then 1, 3 of v1
+  }
+  template <bool kStream = false>
+  static void store2(float* p, __m256 a, __m256 b) {
+    put<kStream>(p, _mm256_unpacklo_ps(a, b));
+    put<kStream>(p + 8, _mm256_unpackhi_ps(a, b));
+  }
+};
+
 template <>
 struct Io<Avx2, Half> {
   static __m256 load(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
@@ -435,20 +458,42 @@ int64_t rotate_row_simd_uniform(const void* src_v, void* dst_v, int64_t rows, in
   return kInterleaved ? full / 2 : full;
 }
 
+// The policy whose interleaved uniform kernel serves element type D on path I, moving rows as Mv
+// says: I itself (bf16's even/odd policy), or for float32 in 256-bit vectors with prefetch (rows
+// from DRAM) Avx2Pairs. Against the factor-row kernel through the op (AMD Zen 3, two threads, q
+// [1,4096,32,128] and k [1,4096,8,128] in place) its rows from DRAM took ~4% less time, against the
+// half-split rows as the control, but rows in cache (512 tokens; a B=64 decode step) 10-40% more: its
+// shuffles cost more there than the factor rows' loads and per-token work (benchmarks/RESULTS.md,
+// "Forty-eighth session").
+template <class I, class D, class Mv>
+struct PairsIsa {
+  using type = I;
+};
+#if defined(__AVX2__) && defined(__F16C__)
+template <class Mv>
+  requires(Mv::kPrefetch)
+struct PairsIsa<Avx2, Float, Mv> {
+  using type = Avx2Pairs;
+};
+#endif
+
 // The uniform kernel of a policy, or nullptr where it keeps its factor rows. Half-split rows take it
 // with every policy: against the in-place memory floor it measured faster than the factor rows
 // (fp16 ~5-10%, benchmarks/micro/rope_rows.cpp; float32 ~17% on cache-resident decode batches and
 // as fast from DRAM; bf16 on the AVX-512 paths as fast with many heads and 15-20% faster with one,
 // whose per-token factor rows were a fifth of its time; AVX2's even/odd bf16 ~30% faster with one:
-// benchmarks/RESULTS.md). Interleaved rows only with an even/odd policy, whose pairs of vectors are
-// the pairs' a and b as they load; any other policy would spread c and s with a shuffle per vector,
-// where the factor rows pay for that once per token (measured slower at decode).
+// benchmarks/RESULTS.md). Interleaved rows only with a policy whose pairs of vectors are the pairs'
+// a and b as they load (even/odd, PairsIsa); spreading c and s over the pairs with a lane-crossing
+// shuffle per vector instead measured slower at decode than the factor rows, which pay once per token.
 template <class I, class D, class Mv, bool kInterleaved, bool kInverse>
 constexpr RotateUniformFn uniform_rows() {
-  if constexpr (kInterleaved && !kEvenOdd<Io<I, D>>) {
-    return nullptr;
+  using P = typename PairsIsa<I, D, Mv>::type;
+  if constexpr (!kInterleaved) {
+    return rotate_row_simd_uniform<I, D, false, kInverse, Mv>;
+  } else if constexpr (kEvenOdd<Io<P, D>>) {
+    return rotate_row_simd_uniform<P, D, true, kInverse, Mv>;
   } else {
-    return rotate_row_simd_uniform<I, D, kInterleaved, kInverse, Mv>;
+    return nullptr;
   }
 }
 
@@ -543,6 +588,28 @@ constexpr OrderRowFn order_row() {
   }
 }
 
+// isa.h, OrderRowFn, for the interleaved uniform kernel of Avx2Pairs: the pairs of each block of W
+// as its vectors hold them (lane L of 128 bits: pairs 2L, 2L + 1 of the first half of the block,
+// then the same two of the second half), the rest in pair order.
+template <class I>
+void pair_order_row(float* row, int64_t n) {
+  constexpr int W = I::kLanes;
+  for (int64_t j = 0; j + W <= n; j += W) {
+    float block[W];
+    for (int l = 0; l < W; ++l) block[l] = row[j + (l % 4 < 2 ? 0 : W / 2) + 2 * (l / 4) + l % 2];
+    for (int l = 0; l < W; ++l) row[j + l] = block[l];
+  }
+}
+
+template <class I, class D, class Mv>
+constexpr OrderRowFn pair_order() {
+  if constexpr (!std::is_same_v<typename PairsIsa<I, D, Mv>::type, I>) {
+    return pair_order_row<I>;
+  } else {
+    return nullptr;  // the even/odd policies' vectors hold pairs in pair order
+  }
+}
+
 // The vectors a path uses for element type D: its own, or narrower ones that measured faster.
 template <class I, class D>
 struct RowIsa {
@@ -578,6 +645,7 @@ constexpr RowKernels kRowKernels = {{{kRotate<F, Float, Mv>[0], kRotate<F, Float
                                      {kRotate<B, BFloat16, Mv>[0], kRotate<B, BFloat16, Mv>[1]},
                                      {kRotate<H, Half, Mv>[0], kRotate<H, Half, Mv>[1]}},
                                     {order_row<F, Float>(), order_row<B, BFloat16>(), order_row<H, Half>()},
+                                    {pair_order<F, Float, Mv>(), pair_order<B, BFloat16, Mv>(), pair_order<H, Half, Mv>()},
                                     {{{kUniform<F, Float, Mv>[0][0], kUniform<F, Float, Mv>[0][1]},
                                       {kUniform<F, Float, Mv>[1][0], kUniform<F, Float, Mv>[1][1]}},
                                      {{kUniform<B, BFloat16, Mv>[0][0], kUniform<B, BFloat16, Mv>[0][1]},

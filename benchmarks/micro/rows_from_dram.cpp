@@ -68,6 +68,9 @@ int main(int argc, char** argv) {
   const RowKernels& kernels = *kRowKernelsFor<Avx2>[1][0];
   const RotateRowFn interleaved = kernels.rotate[kRowFloat][1];
   const RotateUniformFn half_split = kernels.uniform[kRowFloat][0][0];
+  // interleaved from the cos/sin row (simd_rows.h, Avx2Pairs; its pair order does not matter here:
+  // every pair has the same factors)
+  const RotateUniformFn interleaved_row = kernels.uniform[kRowFloat][1][0];
   float* qp = q.data();
   float* kp = k.data();
 
@@ -81,6 +84,12 @@ int main(int argc, char** argv) {
          for (int64_t t = 0; t < kTokens; ++t) {
            interleaved(qp + t * kQ * kDim, qp + t * kQ * kDim, kQ, kDim, kDim, kPairs, C_il, S_il);
            interleaved(kp + t * kK * kDim, kp + t * kK * kDim, kK, kDim, kDim, kPairs, C_il, S_il);
+         }
+       }},
+      {"interleaved cos/sin row", [&] {
+         for (int64_t t = 0; t < kTokens; ++t) {
+           interleaved_row(qp + t * kQ * kDim, qp + t * kQ * kDim, kQ, kDim, kDim, kPairs, c, s);
+           interleaved_row(kp + t * kK * kDim, kp + t * kK * kDim, kK, kDim, kDim, kPairs, c, s);
          }
        }},
       {"half-split cos/sin row", [&] {

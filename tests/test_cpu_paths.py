@@ -34,7 +34,8 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
     # vector), partial rotary, fewer pairs than any vector; the last two with padded head rows (a
     # head stride above head_dim: strided rows in place, and out of place into contiguous rows)
     # (64 tokens: past the size from which calls prefetch with POSENC_CPU_PREFETCH=1, csrc/cpu/isa.h
-    # Prefetch::from_bytes)
+    # Prefetch::from_bytes, whose kernels differ: full rows, an odd pair count in padded rows, and
+    # partial rotary)
     for seq, head_dim, rot, pad in ((9, 128, 128, 0), (9, 72, 72, 0), (9, 40, 40, 0), (9, 42, 42, 0), (9, 6, 6, 0),
                                     (9, 96, 64, 0), (9, 40, 8, 0), (9, 42, 42, 6), (9, 128, 128, 8),
                                     (64, 128, 128, 0), (64, 42, 42, 6), (64, 96, 64, 0)):

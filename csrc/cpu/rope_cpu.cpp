@@ -111,9 +111,10 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
   // where rows are rotated with one cos/sin per pair), in this thread's buffer (sincos_stream.h).
   constexpr int64_t kAlign = 64 / sizeof(M);
   const int64_t row_len = (p.rot_dim + kAlign - 1) / kAlign * kAlign;
-  // Only bf16 rows have an even/odd policy (AVX2's; simd_rows.h, order_row): the other dtypes'
-  // loops are compiled without its reordering (the reordering's code in the fp16 loop measured
-  // ~2-5% slower). Interleaved uniform kernels: bf16's even/odd one and float32's (AVX2 vectors).
+  // Only bf16 rows have an even/odd policy whose factor rows and half-split cos/sin are reordered
+  // (AVX2's; simd_rows.h, order_row): the other dtypes' loops are compiled without that reordering
+  // (its code in the fp16 loop measured ~2-5% slower). Interleaved uniform kernels: bf16's even/odd
+  // one (cos/sin in pair order) and float32's with prefetch (Avx2Pairs: in pair_order's order).
   constexpr bool kMayBeEvenOdd = std::is_same_v<T, c10::BFloat16>;
   constexpr bool kMayBeUniformInterleaved = kMayBeEvenOdd || std::is_same_v<T, float>;
   // One cos/sin row per token, no factor rows: half-split float32 (SIMD kernel or, on the portable
@@ -144,7 +145,7 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
     if constexpr (kMayBeEvenOdd && !kInterleaved) {
       if (order && uniform_rows) freq = frequencies_in_order(order, freq, pairs, p.n_axes);
     }
-    if constexpr (kMayBeUniformInterleaved && kInterleaved) {
+    if constexpr (kMayBeUniformInterleaved && kInterleaved) {  // (a pairing's own order: see RowKernels)
       if (pair_order && uniform_rows) freq = frequencies_in_order(pair_order, freq, pairs, p.n_axes);
     }
     // Positions without an axis dim (stride 0) give every axis the same id (text tokens).

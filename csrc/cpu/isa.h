@@ -26,7 +26,7 @@
 // measured 9-17% faster than the compiler-vectorized rotate_row_uniform (core/rope.h) on
 // cache-resident rows and as fast from DRAM (benchmarks/RESULTS.md). The exceptions read the
 // token's cos/sin row itself (RotateUniformFn): bf16's even/odd kernels, and float32 rows in 256-bit
-// vectors where the call prefetches (rows from DRAM; simd_rows.h, PairsIsa).
+// vectors where the call prefetches (simd_rows.h, PairsIsa).
 //
 // This header includes nothing from torch: the rows_*.cpp files include it with other -m flags.
 #pragma once
@@ -58,8 +58,8 @@ using OrderRowFn = void (*)(float* row, int64_t n);
 
 // A SIMD row kernel for one cos/sin row indexed by pair (angles from frequencies, as core/rope.h
 // rotate_row_uniform, same bits): two factor loads per block of pairs instead of four, and no
-// per-token factor rows. Same contract as RotateRowFn otherwise (half-split: cos and sin in the
-// order of order[]; interleaved: in the order of pair_order[], nullptr meaning pair order).
+// per-token factor rows. Same contract as RotateRowFn otherwise, with cos and sin in the order of
+// RowKernels::uniform_order (nullptr: pair order).
 using RotateUniformFn = int64_t (*)(const void* src, void* dst, int64_t rows, int64_t src_stride,
                                     int64_t dst_stride, int64_t pairs, const float* cos, const float* sin);
 
@@ -80,9 +80,9 @@ enum RowDtype : int { kRowFloat = 0, kRowBFloat16 = 1, kRowHalf = 2 };
 
 struct RowKernels {
   RotateRowFn rotate[3][2];          // [RowDtype][interleaved]
-  OrderRowFn order[3];               // [RowDtype]: the order both kinds of kernel read their rows in
-  OrderRowFn pair_order[3];          // [RowDtype]: the pair order of an interleaved uniform kernel's cos/sin
+  OrderRowFn order[3];               // [RowDtype]: the order the factor-row kernels read their rows in
   RotateUniformFn uniform[3][2][2];  // [RowDtype][interleaved][inverse]; interleaved: even/odd policies only
+  OrderRowFn uniform_order[3][2];    // [RowDtype][interleaved]: the order uniform[][][] reads cos and sin in
   EncodingRowFn encoding[3];         // [RowDtype]
   WidenRowFn widen[3];               // [RowDtype]; fp16 only (bf16's compiled conversion, a shift, measured faster)
 };

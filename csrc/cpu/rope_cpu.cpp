@@ -78,9 +78,9 @@ struct FactorRows {
 };
 
 // The frequencies (n_axes rows of `pairs`) with each row's pairs in the order `order` puts a row
-// in: the angle stream's rows, elementwise in the pairs, then come out in the order an even/odd
-// kernel reads its cos and sin, with the same values. Reordering the rows per token instead took
-// ~8 ns a token, 14% of a one-head bf16 prefill on the AVX2 path. The order as a permutation:
+// in: the angle stream's rows, elementwise in the pairs, then come out in the order a uniform
+// kernel reads its cos and sin (RowKernels::uniform_order), with the same values. Reordering the
+// rows per token instead took ~8 ns a token, 14% of a one-head bf16 prefill on the AVX2 path. The order as a permutation:
 // `order` applied to the indices 0, 1, ... (exact in float). Kept per thread (row_for_last_key):
 // formed on every call, it took ~0.1 us of a 2.6 us decode step.
 const double* frequencies_in_order(OrderRowFn order, const double* freq, int64_t pairs, int64_t n_axes) {
@@ -103,18 +103,18 @@ const double* frequencies_in_order(OrderRowFn order, const double* freq, int64_t
 // Tokens [begin, end): per token the factor rows of every pair, then every q and k head rotated with them.
 template <typename T, bool kInterleaved, bool kInverse>
 POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, OrderRowFn order,
-                                   RotateUniformFn uniform, OrderRowFn pair_order, WidenRowFn widen, int64_t begin,
-                                   int64_t end) {
+                                   RotateUniformFn uniform, OrderRowFn uniform_order, WidenRowFn widen,
+                                   int64_t begin, int64_t end) {
   using M = math_t<T>;
   const int64_t pairs = p.pairs();
   // Factor rows on 64-byte boundaries, so no vector load of them straddles two cache lines (none
   // where rows are rotated with one cos/sin per pair), in this thread's buffer (sincos_stream.h).
   constexpr int64_t kAlign = 64 / sizeof(M);
   const int64_t row_len = (p.rot_dim + kAlign - 1) / kAlign * kAlign;
-  // Only bf16 rows have an even/odd policy whose factor rows and half-split cos/sin are reordered
-  // (AVX2's; simd_rows.h, order_row): the other dtypes' loops are compiled without that reordering
-  // (its code in the fp16 loop measured ~2-5% slower). Interleaved uniform kernels: bf16's even/odd
-  // one (cos/sin in pair order) and float32's with prefetch (Avx2Pairs: in pair_order's order).
+  // Only bf16 rows have an even/odd policy whose factor rows are reordered per token (AVX2's;
+  // simd_rows.h, order_row): the other dtypes' loops are compiled without that reordering (its code
+  // in the fp16 loop measured ~2-5% slower). Interleaved uniform kernels: bf16's even/odd one and
+  // float32's with prefetch (Avx2Pairs).
   constexpr bool kMayBeEvenOdd = std::is_same_v<T, c10::BFloat16>;
   constexpr bool kMayBeUniformInterleaved = kMayBeEvenOdd || std::is_same_v<T, float>;
   // One cos/sin row per token, no factor rows: half-split float32 (SIMD kernel or, on the portable
@@ -142,12 +142,7 @@ POSENC_CPU_CLONES void rope_tokens(const RopeProblem& p, RotateRowFn simd, Order
   };
   if (p.inv_freq) {  // angles from frequencies, once per token, advanced along consecutive positions
     const double* freq = p.inv_freq;
-    if constexpr (kMayBeEvenOdd && !kInterleaved) {
-      if (order && uniform_rows) freq = frequencies_in_order(order, freq, pairs, p.n_axes);
-    }
-    if constexpr (kMayBeUniformInterleaved && kInterleaved) {  // (a pairing's own order: see RowKernels)
-      if (pair_order && uniform_rows) freq = frequencies_in_order(pair_order, freq, pairs, p.n_axes);
-    }
+    if (uniform_order && uniform_rows) freq = frequencies_in_order(uniform_order, freq, pairs, p.n_axes);
     // Positions without an axis dim (stride 0) give every axis the same id (text tokens).
     SinCosStream<M> angles(freq, pairs, static_cast<M>(p.attention_factor), p.n_axes, p.pos_stride_a == 0);
     const auto position_of = [&](int64_t a) { return p.position(tb, ts, a); };  // token (tb, ts) on axis a
@@ -223,7 +218,7 @@ void run_typed(const RopeProblem& p) {
   RotateRowFn simd = nullptr;
   OrderRowFn order = nullptr;
   RotateUniformFn uniform = nullptr;  // from frequencies only
-  OrderRowFn pair_order = nullptr;
+  OrderRowFn uniform_order = nullptr;
   WidenRowFn widen = nullptr;         // a given fp16 cos/sin table only (cpu/isa.h, RowKernels)
   const int64_t tokens = p.batch * p.seq;
   const int64_t per_token = std::max<int64_t>((p.q.heads + p.k.heads) * p.head_dim, 1);  // elements
@@ -237,13 +232,13 @@ void run_typed(const RopeProblem& p) {
       simd = k->rotate[kRowDtype<T>][kInterleaved ? 1 : 0];
       order = k->order[kRowDtype<T>];
       if (p.inv_freq) uniform = k->uniform[kRowDtype<T>][kInterleaved ? 1 : 0][kInverse ? 1 : 0];
-      pair_order = k->pair_order[kRowDtype<T>];
+      uniform_order = k->uniform_order[kRowDtype<T>][kInterleaved ? 1 : 0];
       if (!p.inv_freq) widen = k->widen[kRowDtype<T>];
     }
   }
   const int64_t grain = std::max<int64_t>(1, 32768 / per_token);
   const auto run = [&](int64_t begin, int64_t end) {
-    rope_tokens<T, kInterleaved, kInverse>(p, simd, order, uniform, pair_order, widen, begin, end);
+    rope_tokens<T, kInterleaved, kInverse>(p, simd, order, uniform, uniform_order, widen, begin, end);
     if (stream) end_streaming_stores();
   };
   if (tokens <= grain) {  // one chunk (a decode step): as parallel_for would run it, without its ~50 ns

@@ -459,12 +459,13 @@ int64_t rotate_row_simd_uniform(const void* src_v, void* dst_v, int64_t rows, in
 }
 
 // The policy whose interleaved uniform kernel serves element type D on path I, moving rows as Mv
-// says: I itself (bf16's even/odd policy), or for float32 in 256-bit vectors with prefetch (rows
-// from DRAM) Avx2Pairs. Against the factor-row kernel through the op (AMD Zen 3, two threads, q
-// [1,4096,32,128] and k [1,4096,8,128] in place) its rows from DRAM took ~4% less time, against the
-// half-split rows as the control, but rows in cache (512 tokens; a B=64 decode step) 10-40% more: its
-// shuffles cost more there than the factor rows' loads and per-token work (benchmarks/RESULTS.md,
-// "Forty-eighth session").
+// says: I itself (bf16's even/odd policy), or for float32 in 256-bit vectors with prefetch Avx2Pairs.
+// Against the factor-row kernel through the op (AMD Zen 3, two threads, q [1,4096,32,128] and k
+// [1,4096,8,128] in place) its rows from DRAM took ~4% less time, against the half-split rows as the
+// control; rows in cache with prefetch (as Intel CPUs take it from 32 KiB: 512 tokens, a B=64 decode
+// step, one thread) 0-7% less. Without prefetch, rows in cache took 10-40% more than the factor-row
+// kernel's, which loads each vector once there: its shuffles cost more than the factor rows' loads
+// and per-token work (benchmarks/RESULTS.md, "Forty-eighth session" and "Forty-ninth session").
 template <class I, class D, class Mv>
 struct PairsIsa {
   using type = I;
@@ -601,14 +602,12 @@ void pair_order_row(float* row, int64_t n) {
   }
 }
 
+// RowKernels::uniform_order: half-split, the even/odd order of the policy's factor rows (order_row);
+// interleaved, pair_order_row for Avx2Pairs, pair order (nullptr) for the even/odd policies, whose
+// vectors hold the pairs as they come.
 template <class I, class D, class Mv>
-constexpr OrderRowFn pair_order() {
-  if constexpr (!std::is_same_v<typename PairsIsa<I, D, Mv>::type, I>) {
-    return pair_order_row<I>;
-  } else {
-    return nullptr;  // the even/odd policies' vectors hold pairs in pair order
-  }
-}
+constexpr OrderRowFn kUniformOrder[2] = {
+    order_row<I, D>(), std::is_same_v<typename PairsIsa<I, D, Mv>::type, I> ? nullptr : pair_order_row<I>};
 
 // The vectors a path uses for element type D: its own, or narrower ones that measured faster.
 template <class I, class D>
@@ -645,13 +644,15 @@ constexpr RowKernels kRowKernels = {{{kRotate<F, Float, Mv>[0], kRotate<F, Float
                                      {kRotate<B, BFloat16, Mv>[0], kRotate<B, BFloat16, Mv>[1]},
                                      {kRotate<H, Half, Mv>[0], kRotate<H, Half, Mv>[1]}},
                                     {order_row<F, Float>(), order_row<B, BFloat16>(), order_row<H, Half>()},
-                                    {pair_order<F, Float, Mv>(), pair_order<B, BFloat16, Mv>(), pair_order<H, Half, Mv>()},
                                     {{{kUniform<F, Float, Mv>[0][0], kUniform<F, Float, Mv>[0][1]},
                                       {kUniform<F, Float, Mv>[1][0], kUniform<F, Float, Mv>[1][1]}},
                                      {{kUniform<B, BFloat16, Mv>[0][0], kUniform<B, BFloat16, Mv>[0][1]},
                                       {kUniform<B, BFloat16, Mv>[1][0], kUniform<B, BFloat16, Mv>[1][1]}},
                                      {{kUniform<H, Half, Mv>[0][0], kUniform<H, Half, Mv>[0][1]},
                                       {kUniform<H, Half, Mv>[1][0], kUniform<H, Half, Mv>[1][1]}}},
+                                    {{kUniformOrder<F, Float, Mv>[0], kUniformOrder<F, Float, Mv>[1]},
+                                     {kUniformOrder<B, BFloat16, Mv>[0], kUniformOrder<B, BFloat16, Mv>[1]},
+                                     {kUniformOrder<H, Half, Mv>[0], kUniformOrder<H, Half, Mv>[1]}},
                                     {nullptr, encoding_row_simd<B, BFloat16, Mv>, encoding_row_simd<H, Half, Mv>},
                                     {nullptr, nullptr, widen_row_simd<H, Half>}};
 

@@ -82,6 +82,31 @@ def test_rope_from_frequencies_thread_count_independent(dtype, interleaved):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("interleaved", (False, True))
+def test_big_rope_calls_thread_count_independent(dtype, interleaved):
+    """Calls of four 1 MiB blocks a thread and more hand out their tokens in blocks as threads finish
+    them (csrc/cpu/kernels.h, parallel_balanced): ~17 MiB of rows here, so with 2 and 3 threads every
+    op below runs so, and with 1 thread as one range. Every token must come out as with 1 thread."""
+    g = torch.Generator().manual_seed(13)
+    Hq, Hk, D = 12, 4, 128
+    S = (17 << 20) // ((Hq + Hk) * D * torch.empty((), dtype=dtype).element_size()) // 3 + 1  # odd blocks
+    q = torch.randn(3, S, Hq, D, generator=g).to(dtype)
+    k = torch.randn(3, S, Hk, D, generator=g).to(dtype)
+    inv = 1.0 / 10000 ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
+    pos = runs_of_positions(g, 3, S)
+    cos, sin = torch.randn(2, 3, S, D, generator=g).to(dtype)
+
+    def run() -> list[torch.Tensor]:
+        out = list(torch.ops.posenc.rope(q, k, pos, None, inv, 1.07, interleaved, "bshd", 0, False))
+        out += torch.ops.posenc.rope_cos_sin(q, k, cos, sin, None, "bshd", False)
+        q2, k2 = q.clone(), k.clone()
+        torch.ops.posenc.rope_(q2, k2, pos, None, inv, 1.0, interleaved, "bshd", 0, True)
+        return out + [q2, k2]
+
+    assert_same_bits({n: with_threads(n, run) for n in THREADS})
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("interleaved", (False, True))
 def test_rope_from_cos_sin_thread_count_independent(dtype, interleaved):
     g = torch.Generator().manual_seed(12)
     B, S, Hq, Hk, D = 2, 301, 3, 1, 40

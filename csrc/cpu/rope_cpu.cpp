@@ -245,7 +245,7 @@ void run_typed(const RopeProblem& p) {
     run(0, tokens);
     return;
   }
-  torch::stable::parallel_for(0, tokens, grain, run);
+  parallel_balanced(tokens, grain, per_token * static_cast<int64_t>(sizeof(T)), run);
 }
 
 }  // namespace

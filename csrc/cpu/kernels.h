@@ -68,7 +68,10 @@ inline void widen_row(const T* src, float* dst, int64_t n, WidenRowFn widen) {
 // formed in L1 streamed out, where cpu_streaming().for_output and rows_aligned allow it (cpu/isa.h;
 // each thread then calls end_streaming_stores). Without, plain vector stores, not memcpy: glibc runs
 // it as `rep movsb` for rows of a few KiB, slower where source and destination alignments differ
-// (relative_bias_cpu.cpp's rows). Here, not in cpu/isa.h: rows_*.cpp include that with other -m flags.
+// (relative_bias_cpu.cpp's rows). A 64-byte line a step, then 16 bytes: with one 16-byte vector a
+// step the loop was four instructions, and a build that moved it across a 64-byte code line took the
+// streamed float32 table [32768, 1024] from ~8 to ~11 ms on AMD Zen 3 (benchmarks/RESULTS.md, "Forty-ninth
+// session"). Here, not in cpu/isa.h: rows_*.cpp include that with other -m flags.
 inline void copy_row(void* dst, const void* src, int64_t n, bool stream) {
 #if defined(__x86_64__) || defined(_M_X64)
   auto* d = static_cast<char*>(dst);
@@ -76,14 +79,17 @@ inline void copy_row(void* dst, const void* src, int64_t n, bool stream) {
   const int64_t head = stream ? std::min<int64_t>(n, (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16) : 0;
   std::memcpy(d, s, static_cast<size_t>(head));
   int64_t i = head;
+  const auto copy = [&](auto store) {
+    const auto vector = [&](int64_t at) {
+      store(reinterpret_cast<__m128i*>(d + at), _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + at)));
+    };
+    for (; i + 64 <= n; i += 64) vector(i), vector(i + 16), vector(i + 32), vector(i + 48);
+    for (; i + 16 <= n; i += 16) vector(i);
+  };
   if (stream) {
-    for (; i + 16 <= n; i += 16) {
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
-    }
+    copy([](__m128i* p, __m128i v) { _mm_stream_si128(p, v); });
   } else {
-    for (; i + 16 <= n; i += 16) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
-    }
+    copy([](__m128i* p, __m128i v) { _mm_storeu_si128(p, v); });
   }
   std::memcpy(d + i, s + i, static_cast<size_t>(n - i));
 #else

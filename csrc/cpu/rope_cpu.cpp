@@ -80,9 +80,9 @@ struct FactorRows {
 // The frequencies (n_axes rows of `pairs`) with each row's pairs in the order `order` puts a row
 // in: the angle stream's rows, elementwise in the pairs, then come out in the order a uniform
 // kernel reads its cos and sin (RowKernels::uniform_order), with the same values. Reordering the
-// rows per token instead took ~8 ns a token, 14% of a one-head bf16 prefill on the AVX2 path. The order as a permutation:
-// `order` applied to the indices 0, 1, ... (exact in float). Kept per thread (row_for_last_key):
-// formed on every call, it took ~0.1 us of a 2.6 us decode step.
+// rows per token instead took ~8 ns a token, 14% of a one-head bf16 prefill on the AVX2 path. The
+// order as a permutation: `order` applied to the indices 0, 1, ... (exact in float). Kept per thread
+// (row_for_last_key): formed on every call, it took ~0.1 us of a 2.6 us decode step.
 const double* frequencies_in_order(OrderRowFn order, const double* freq, int64_t pairs, int64_t n_axes) {
   struct Key {
     OrderRowFn order;

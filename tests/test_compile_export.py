@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import math
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -566,3 +568,48 @@ def test_aoti_package_cpu(tmp_path):
         for seq_len in (8, 21):
             tokens = make_input("lm", 2, seq_len, "cpu")
             assert_matches(runner(tokens), model(tokens), "cpu")
+
+
+_IMPORT_ORDER_SCRIPT = """
+import sys
+import torch
+if sys.argv[1] == "dynamo_first":
+    import torch._dynamo
+import posenc_native
+from posenc_native import reference
+assert ("torch._dynamo" in sys.modules) == (sys.argv[1] == "dynamo_first"), "import posenc_native imported dynamo"
+
+torch.manual_seed(5)
+cfg = posenc_native.RopeConfig(head_dim=8, scaling={"rope_type": "yarn", "factor": 4.0,
+                                                    "original_max_position_embeddings": 16})
+rotary = posenc_native.RotaryEmbedding(cfg)
+positions = torch.tensor([[3, 9, 10, 11, 40, 41]])
+qkv = torch.randn(1, 6, 3, 4, 8)
+want_q, want_k = reference.apply_rope(qkv[:, :, 0].double(), qkv[:, :, 1].double(), positions, cfg)
+
+def in_place(qkv, positions):  # the C fast path's substitute and the nonstrict-traced in-place op
+    q, k, _ = qkv.unbind(2)
+    posenc_native.apply_rope_(q, k, positions, config=cfg)
+    return qkv
+
+q, k = torch.compile(lambda q, k, p: rotary(q, k, p), fullgraph=True, dynamic=True, backend="aot_eager")(
+    qkv[:, :, 0], qkv[:, :, 1], positions)  # the module's C __call__ and its substitute
+buffer = torch.compile(in_place, fullgraph=True, dynamic=True, backend="aot_eager")(qkv.clone(), positions)
+for got in (q, buffer[:, :, 0]):
+    torch.testing.assert_close(got.double(), want_q, rtol=0, atol=2e-6)
+for got in (k, buffer[:, :, 1]):
+    torch.testing.assert_close(got.double(), want_k, rtol=0, atol=2e-6)
+assert torch.equal(buffer[:, :, 2], qkv[:, :, 2])
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("order", ["posenc_first", "dynamo_first"])
+def test_compile_registrations_whichever_is_imported_first(order):
+    """``import posenc_native`` does not import dynamo (1.2 s of import time:
+    posenc_native/_dynamo_hooks.py); its registrations with dynamo (the C functions' substitutes, the
+    nonstrict-traced in-place op) run when dynamo is imported, or at once where it already was. In a
+    fresh process either way, compiled fullgraph calls of each match the float64 reference."""
+    proc = subprocess.run([sys.executable, "-c", _IMPORT_ORDER_SCRIPT, order], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-4000:]

@@ -11,6 +11,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from . import _fx, _library
+from ._dynamo_hooks import on_dynamo_import
 from ._functorch import autograd_skipped as _autograd_skipped, dispatch as _dispatch, grad_wanted as _grad_wanted
 from ._functorch import register_autograd as _register_autograd
 from ._functorch import check_copyable as _check_copyable, plain as _plain
@@ -336,7 +337,12 @@ def use_module_call(*classes: type) -> None:
         return
     for cls in classes:
         cls.__call__ = _FAST.module_call(cls)
-        torch.compiler.substitute_in_graph(cls.__call__, skip_signature_check=True)(_traced_module_call)
+        on_dynamo_import(functools.partial(_substitute, cls.__call__, _traced_module_call))
+
+
+def _substitute(c_function, traced) -> None:
+    """Makes torch.compile trace ``traced`` where it meets ``c_function``, which it cannot trace."""
+    torch.compiler.substitute_in_graph(c_function, skip_signature_check=True)(traced)
 
 
 def _traced_module_call(self, *args, **kwargs):
@@ -455,9 +461,9 @@ def _rope(in_place: bool, q, k, positions, config, inv_freq, attention_factor, i
 
 
 if _FAST is not None:  # what torch.compile traces in place of the C function: the general path
-    torch.compiler.substitute_in_graph(_FAST.rope, skip_signature_check=True)(lambda *args: _rope(*args))
+    on_dynamo_import(functools.partial(_substitute, _FAST.rope, lambda *args: _rope(*args)))
 
-@torch._dynamo.nonstrict_trace  # (run on the graph's fake tensors, whose storage offsets dynamo cannot read)
+
 def _rope_in_place_compiled(q: torch.Tensor, k: torch.Tensor, *rest) -> torch.Tensor:
     """The in-place rotation in compiled code. Inductor loses the storage offset of a view that a
     custom op mutates when that offset is a symbol (dynamic shapes; torch 2.14, any such op:
@@ -470,6 +476,16 @@ def _rope_in_place_compiled(q: torch.Tensor, k: torch.Tensor, *rest) -> torch.Te
     else:
         torch.ops.posenc.rope_(q, k, *rest)
     return q.new_empty(())
+
+
+def _trace_nonstrictly() -> None:
+    """Dynamo runs _rope_in_place_compiled on the graph's fake tensors, whose storage offsets it
+    cannot read while tracing; _rope calls it by its global name, so it calls the marked function."""
+    global _rope_in_place_compiled
+    _rope_in_place_compiled = torch._dynamo.nonstrict_trace(_rope_in_place_compiled)
+
+
+on_dynamo_import(_trace_nonstrictly)
 
 
 def _rotate_and_copy_back(q: torch.Tensor, k: torch.Tensor, positions, cu_seqlens, inv_freq: torch.Tensor,

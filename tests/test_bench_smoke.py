@@ -151,6 +151,27 @@ def test_micro_benchmark_builds_with_its_documented_command(name, tmp_path):
     assert (tmp_path / "micro").stat().st_size > 0
 
 
+@pytest.mark.skipif(not MICRO.exists(), reason="benchmarks/ not in this tree")
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or shutil.which("g++") is None,
+                    reason="the row microbenchmarks are x86-64 (AVX2) programs built with g++")
+def test_folded_reads_builds_with_its_documented_commands(tmp_path):
+    """folded_reads.cpp builds with the shell lines in its header (a copy of csrc with the folded
+    reads forced off, four kernel objects and the program), and the sed line does force them off."""
+    source = MICRO / "folded_reads.cpp"
+    lines = [line[len("//   "):] for line in source.read_text().splitlines()
+             if line.startswith("//   ") and not line.startswith("//    ")]
+    script = "\n".join(line for line in lines if not line.startswith("taskset"))
+    assert "D=/tmp/folded_reads;" in script, script
+    script = script.replace("D=/tmp/folded_reads;", f"D={tmp_path};")
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True,
+                          timeout=600, cwd=BENCH.parent.parent)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "folded_reads").stat().st_size > 0
+    unfolded = (tmp_path / "off" / "cpu" / "simd_rows.h").read_text()
+    assert "constexpr bool kFold = false;" in unfolded
+    assert "constexpr bool kFold = false;" not in (BENCH.parent.parent / "csrc/cpu/simd_rows.h").read_text()
+
+
 E2E = BENCH.parent / "bench_e2e.py"
 
 

@@ -6,19 +6,24 @@
 // drifts into all of them alike where separate builds of the op measured run-to-run noise instead
 // (benchmarks/RESULTS.md, "Fifty-first session"). One thread, thread CPU time.
 //
-// Each kernel build is this file compiled with KERNELS_AS=<name> against csrc or against a copy of
-// csrc with kFold forced off; each object's kernels sit in its own anonymous namespace:
+// Each kernel build is this file compiled with KERNELS_AS=<name> against a copy of csrc with the fold
+// forced on or off (simd_rows.h, kFoldFloatReads); each object's kernels sit in its own anonymous
+// namespace:
 //
-//   M=benchmarks/micro; D=/tmp/folded_reads; mkdir -p $D/off && cp -r csrc/cpu csrc/core $D/off/
-//   sed -i 's/constexpr bool kFold = .*;/constexpr bool kFold = false;/' $D/off/cpu/simd_rows.h
+//   M=benchmarks/micro; D=/tmp/folded_reads; for f in on off; do mkdir -p $D/$f && cp -r csrc/cpu csrc/core $D/$f/; done
+//   sed -i 's/constexpr bool kFoldFloatReads = .*;/constexpr bool kFoldFloatReads = true;/' $D/on/cpu/simd_rows.h
+//   sed -i 's/constexpr bool kFoldFloatReads = .*;/constexpr bool kFoldFloatReads = false;/' $D/off/cpu/simd_rows.h
 //   O="-O3 -std=c++20 -ffp-contract=off -falign-functions=64 -Wno-maybe-uninitialized"
 //   A2="-mavx2 -mfma -mf16c"; A5="$A2 -mavx512f -mavx512bw -mavx512vl -mavx512dq"
-//   g++ $O $A2 -Icsrc -DKERNELS_AS=avx2_folded -c $M/folded_reads.cpp -o $D/1.o
+//   g++ $O $A2 -I$D/on -DKERNELS_AS=avx2_folded -c $M/folded_reads.cpp -o $D/1.o
 //   g++ $O $A2 -I$D/off -DKERNELS_AS=avx2_unfolded -c $M/folded_reads.cpp -o $D/2.o
-//   g++ $O $A5 -Icsrc -DKERNELS_AS=avx512_folded -c $M/folded_reads.cpp -o $D/3.o
+//   g++ $O $A5 -I$D/on -DKERNELS_AS=avx512_folded -c $M/folded_reads.cpp -o $D/3.o
 //   g++ $O $A5 -I$D/off -DKERNELS_AS=avx512_unfolded -c $M/folded_reads.cpp -o $D/4.o
 //   g++ $O $A2 -Icsrc -c $M/folded_reads.cpp -o $D/main.o && g++ $D/*.o -o $D/folded_reads
-//   taskset -c 0 $D/folded_reads [1: with prefetch, as isa.cpp picks on AMD Zen 3; default 0, Zen 4]
+//   taskset -c 0 $D/folded_reads [prefetch: 1 as isa.cpp picks on AMD Zen 3, 0 (default) Zen 4] [tokens]
+//
+// tokens (default 4096, the rows from DRAM): fewer keep the rows in cache, 64 as a B=64 decode step's
+// (each call then goes over its tokens 262144 / tokens times).
 //
 // (The AVX-512 objects need a CPU with AVX-512 to run; on an AVX2-only CPU drop 3.o and 4.o and
 // build main.o with -DAVX2_ONLY.) The factors are constants of unit norm (cos 0.6, sin 0.8).
@@ -56,7 +61,7 @@ RotateUniformFn avx512_unfolded(bool prefetch);
 
 namespace {
 using namespace posenc::cpu;
-constexpr int64_t kTokens = 4096, kQ = 32, kK = 8, kDim = 128, kPairs = 64;
+constexpr int64_t kQ = 32, kK = 8, kDim = 128, kPairs = 64;
 volatile float one = 1.0f;  // read at run time: the compiler may not fold x * 1 away
 
 __attribute__((noinline)) void floor_loop(float* x, int64_t n) {
@@ -67,35 +72,41 @@ __attribute__((noinline)) void floor_loop(float* x, int64_t n) {
 
 int main(int argc, char** argv) {
   const bool prefetch = argc > 1 && argv[1][0] == '1';
-  std::vector<float> q(kTokens * kQ * kDim), k(kTokens * kK * kDim);
+  const int64_t tokens = argc > 2 ? std::atoll(argv[2]) : 4096, passes = 262144 / tokens;
+  if (tokens < 1 || tokens > 262144) return std::fprintf(stderr, "tokens: expected 1 to 262144\n"), 1;
+  std::vector<float> q(tokens * kQ * kDim), k(tokens * kK * kDim);
   for (auto& v : q) v = std::rand() / static_cast<float>(RAND_MAX);
   for (auto& v : k) v = std::rand() / static_cast<float>(RAND_MAX);
   alignas(64) static float c[kPairs], s[kPairs];
   for (int64_t i = 0; i < kPairs; ++i) c[i] = 0.6f, s[i] = 0.8f;
   float* qp = q.data();
   float* kp = k.data();
-  const auto tokens = [&](RotateUniformFn rows) {
+  const auto op_order = [&](RotateUniformFn rows) {
     return [=] {
-      for (int64_t t = 0; t < kTokens; ++t) {
-        rows(qp + t * kQ * kDim, qp + t * kQ * kDim, kQ, kDim, kDim, kPairs, c, s);
-        rows(kp + t * kK * kDim, kp + t * kK * kDim, kK, kDim, kDim, kPairs, c, s);
+      for (int64_t pass = 0; pass < passes; ++pass) {
+        for (int64_t t = 0; t < tokens; ++t) {
+          rows(qp + t * kQ * kDim, qp + t * kQ * kDim, kQ, kDim, kDim, kPairs, c, s);
+          rows(kp + t * kK * kDim, kp + t * kK * kDim, kK, kDim, kDim, kPairs, c, s);
+        }
       }
     };
   };
   const std::vector<std::pair<const char*, std::function<void()>>> cases = {
-      {"floor (x * c)", [&] { floor_loop(qp, q.size()), floor_loop(kp, k.size()); }},
-      {"AVX2 flags, folded", tokens(avx2_folded(prefetch))},
-      {"AVX2 flags, unfolded", tokens(avx2_unfolded(prefetch))},
+      {"floor (x * c)", [&] {
+         for (int64_t pass = 0; pass < passes; ++pass) floor_loop(qp, q.size()), floor_loop(kp, k.size());
+       }},
+      {"AVX2 flags, folded", op_order(avx2_folded(prefetch))},
+      {"AVX2 flags, unfolded", op_order(avx2_unfolded(prefetch))},
 #ifndef AVX2_ONLY
-      {"AVX-512 flags, folded", tokens(avx512_folded(prefetch))},
-      {"AVX-512 flags, unfolded", tokens(avx512_unfolded(prefetch))},
+      {"AVX-512 flags, folded", op_order(avx512_folded(prefetch))},
+      {"AVX-512 flags, unfolded", op_order(avx512_unfolded(prefetch))},
 #endif
   };
   std::vector<std::function<void()>> fns;
   for (const auto& entry : cases) entry.second(), fns.push_back(entry.second);  // warm-up: first touch
   const std::vector<double> p10 = alternated_ms(fns, 60, 0.1), median = alternated_ms(fns, 60, 0.5);
-  std::printf("float32 half-split rows from DRAM, prefetch %s; 60 alternated rounds, 10th percentile | median\n",
-              prefetch ? "on" : "off");
+  std::printf("float32 half-split rows, %lld tokens, prefetch %s; 60 alternated rounds, 10th percentile | median\n",
+              static_cast<long long>(tokens), prefetch ? "on" : "off");
   for (size_t i = 0; i < cases.size(); ++i) {
     std::printf("  %-24s %6.2f ms %.3fx | %6.2f ms %.3fx the floor\n", cases[i].first, p10[i], p10[i] / p10[0],
                 median[i], median[i] / median[0]);

@@ -382,8 +382,20 @@ int64_t rotate_row_simd(const void* src_v, void* dst_v, int64_t rows, int64_t sr
 // reads, so GCC folds every read into its multiply instead of loading c and s into registers first:
 // float32 half-split rows from DRAM on one AMD Zen 3 thread (the kernel alone, in the op's order) went
 // from 1.12-1.18x to 1.04-1.05x the memory floor; 16-bit rows measured up to 5% slower with it, so
-// only float32 rows take it (benchmarks/RESULTS.md, "Forty-fifth session"). The barrier orders no
-// memory access the result depends on (a and b are already in registers); the bits are the same.
+// only float32 rows take it (benchmarks/RESULTS.md, "Forty-fifth session"), and only on the AVX2 path
+// (kFoldFloatReads). The barrier orders no memory access the result depends on (a and b are already
+// in registers); the bits are the same.
+// Whether this file's float32 rows fold their factor reads (rotate_uniform): on the AVX2 path (AMD
+// Zen 3, above), not on the AVX-512 paths, whose float32 rows take the same Avx2 policy (RowIsa) but
+// are compiled in their own files with these flags: on AMD Zen 4 the kernel read as fast from DRAM
+// without the fold and 5-7% faster on rows in cache, a B=64 decode step's 64 tokens
+// (benchmarks/micro/folded_reads.cpp; benchmarks/RESULTS.md, "Fifty-first session").
+#if defined(__AVX512F__)
+constexpr bool kFoldFloatReads = false;
+#else
+constexpr bool kFoldFloatReads = true;
+#endif
+
 template <class I, bool kInverse, bool kFold, class F>
 [[gnu::always_inline]] inline void rotate_uniform(F a, F b, const float* c, const float* s, F& out_a, F& out_b) {
   const F ac = I::mul(a, I::loadf(c)), bs = I::mul(b, I::loadf(s));
@@ -408,7 +420,7 @@ template <class I, class D, bool kInterleaved, bool kInverse, class Mv, int K>
   constexpr int kBytes = K * W * sizeof(typename D::T);
   constexpr int kMove = K % 2 == 0 && kEvenOdd<IO> ? 2 : 1;
   static_assert(!kInterleaved || kMove == 2, "interleaved rows need an even/odd policy's pairs of vectors");
-  constexpr bool kFold = std::is_same_v<D, Float>;  // (rotate_uniform)
+  constexpr bool kFold = std::is_same_v<D, Float> && kFoldFloatReads;  // (rotate_uniform)
   prefetch_ahead<Mv::kPrefetch>(src + j, kBytes, distance);
   if constexpr (!kInterleaved) prefetch_ahead<Mv::kPrefetch>(src + pairs + j, kBytes, distance);
   for (int k = 0; k < K; k += kMove) {

@@ -376,6 +376,17 @@ int64_t rotate_row_simd(const void* src_v, void* dst_v, int64_t rows, int64_t sr
   return kInterleaved ? full / 2 : full;
 }
 
+// Whether this file's float32 rows fold their factor reads (rotate_uniform, below): on the AVX2 path
+// (measured on AMD Zen 3), not on the AVX-512 paths, whose float32 rows take the same Avx2 policy
+// (RowIsa) but are compiled in their own files with these flags: on AMD Zen 4 the kernel read as fast
+// from DRAM without the fold and 5-7% faster on rows in cache, a B=64 decode step's 64 tokens
+// (benchmarks/micro/folded_reads.cpp; benchmarks/RESULTS.md, "Fifty-first session").
+#if defined(__AVX512F__)
+constexpr bool kFoldFloatReads = false;
+#else
+constexpr bool kFoldFloatReads = true;
+#endif
+
 // One vector of pairs' first elements a and one of their second elements b, rotated by the pairs'
 // cos at c and sin at s: a*c - b*s, b*c + a*s (core/rope.h, rotate_row_uniform), the inverse with the
 // signs swapped. With kFold each factor is read once per multiply, a compiler barrier between the two
@@ -385,17 +396,6 @@ int64_t rotate_row_simd(const void* src_v, void* dst_v, int64_t rows, int64_t sr
 // only float32 rows take it (benchmarks/RESULTS.md, "Forty-fifth session"), and only on the AVX2 path
 // (kFoldFloatReads). The barrier orders no memory access the result depends on (a and b are already
 // in registers); the bits are the same.
-// Whether this file's float32 rows fold their factor reads (rotate_uniform): on the AVX2 path (AMD
-// Zen 3, above), not on the AVX-512 paths, whose float32 rows take the same Avx2 policy (RowIsa) but
-// are compiled in their own files with these flags: on AMD Zen 4 the kernel read as fast from DRAM
-// without the fold and 5-7% faster on rows in cache, a B=64 decode step's 64 tokens
-// (benchmarks/micro/folded_reads.cpp; benchmarks/RESULTS.md, "Fifty-first session").
-#if defined(__AVX512F__)
-constexpr bool kFoldFloatReads = false;
-#else
-constexpr bool kFoldFloatReads = true;
-#endif
-
 template <class I, bool kInverse, bool kFold, class F>
 [[gnu::always_inline]] inline void rotate_uniform(F a, F b, const float* c, const float* s, F& out_a, F& out_b) {
   const F ac = I::mul(a, I::loadf(c)), bs = I::mul(b, I::loadf(s));
